@@ -1,0 +1,459 @@
+"""The one place that knows about torch versions, devices and backends.
+
+Everything version- or device-dependent goes through this module, so tests can
+simulate an old torch by patching :data:`TORCH_VERSION` (and calling
+:func:`refresh`), and the rest of the package never compares versions itself.
+
+Example:
+    >>> from fp16utils import _torch
+    >>> _torch.digit_version('1.6.0') > _torch.digit_version('1.5.1')
+    True
+    >>> _torch.resolve_backend('legacy')
+    'legacy'
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any, Callable, ContextManager, Sequence
+
+import torch
+from packaging.version import InvalidVersion, Version
+
+__all__ = [
+    'BACKEND_ENV',
+    'BACKENDS',
+    'TORCH_VERSION',
+    'autocast_for',
+    'autocast_state',
+    'backend_reason',
+    'call_autocast',
+    'default_backend',
+    'digit_version',
+    'group_by_device_and_dtype',
+    'has_native_amp',
+    'make_grad_scaler',
+    'needs_loss_scaling',
+    'refresh',
+    'resolve_backend',
+    'resolve_dtype',
+]
+
+#: The running torch version string, e.g. ``'2.13.0+cpu'``. Tests patch it.
+TORCH_VERSION: str = torch.__version__
+
+#: Environment variable that forces a backend for the whole process.
+BACKEND_ENV = 'FP16UTILS_BACKEND'
+
+#: The backends this package knows.
+BACKENDS = ('native', 'legacy')
+
+_NATIVE_AMP_MIN = (1, 6, 0, 0, 0, 0)
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+_DTYPE_NAMES = {
+    'float16': torch.float16,
+    'fp16': torch.float16,
+    'half': torch.float16,
+    'bfloat16': torch.bfloat16,
+    'bf16': torch.bfloat16,
+}
+
+# Caches, emptied by refresh(): the default backend; version -> has native AMP.
+_default: str | None = None
+_native_cache: dict[str, bool] = {}
+
+
+def digit_version(version_str: str, length: int = 4) -> tuple[int, ...]:
+    """Turn a version string into a tuple of ints that orders correctly.
+
+    Pre-releases sort before the release (``1.6.0rc1 < 1.6.0``), post-releases
+    after it, and local labels (``+cu121``) are ignored.
+
+    Args:
+        version_str: A PEP 440 version, e.g. ``'2.1.0+cu121'`` or ``'1.6.0rc1'``.
+        length: How many release numbers to keep (padded with zeros).
+
+    Returns:
+        A tuple of ``length + 2`` ints.
+
+    Raises:
+        ValueError: If ``version_str`` is not a version.
+
+    Example:
+        >>> digit_version('1.6.0rc1') < digit_version('1.6.0')
+        True
+    """
+    try:
+        version = Version(str(version_str))
+    except InvalidVersion:
+        raise ValueError(
+            f'digit_version() got {version_str!r}, which is not a PEP 440 version '
+            "string; pass something like '2.1.0' or '1.6.0rc1'.") from None
+    if length < 1:
+        raise ValueError(f'digit_version() needs length >= 1, got {length}.')
+    release = list(version.release[:length])
+    release += [0] * (length - len(release))
+    if version.pre is not None:
+        kind = {'a': -3, 'b': -2, 'rc': -1}[version.pre[0]]
+        return (*release, kind, version.pre[1])
+    if version.post is not None:
+        return (*release, 1, version.post)
+    if version.dev is not None:
+        return (*release, -4, version.dev)
+    return (*release, 0, 0)
+
+
+def has_native_amp(version: str | None = None) -> bool:
+    """Tell whether torch has native automatic mixed precision (torch >= 1.6).
+
+    Args:
+        version: A torch version to judge; defaults to :data:`TORCH_VERSION`.
+
+    Returns:
+        True when ``torch.autocast`` style AMP is available.
+
+    Example:
+        >>> has_native_amp('1.5.0')
+        False
+    """
+    version = TORCH_VERSION if version is None else version
+    cached = _native_cache.get(version)
+    if cached is None:
+        cached = version != 'parrots' and (
+            digit_version(version, length=3)[:3] >= _NATIVE_AMP_MIN[:3])
+        _native_cache[version] = cached
+    return cached
+
+
+def resolve_backend(backend: str | None = None) -> str:
+    """Pick the backend: an explicit argument, else the process default.
+
+    Args:
+        backend: ``'native'``, ``'legacy'`` or None for the default (see
+            :func:`default_backend`).
+
+    Returns:
+        ``'native'`` or ``'legacy'``.
+
+    Raises:
+        ValueError: For an unknown name, or ``'native'`` on a torch without
+            native AMP.
+
+    Example:
+        >>> resolve_backend('native') in ('native', 'legacy')
+        True
+    """
+    if backend is None:
+        return default_backend()
+    if backend not in BACKENDS:
+        raise ValueError(
+            f'Unknown fp16utils backend {backend!r}; expected one of {BACKENDS} '
+            'or None for the automatic choice.')
+    if backend == 'native' and not has_native_amp():
+        raise ValueError(
+            f"backend='native' needs torch >= 1.6 but torch is {TORCH_VERSION}; use "
+            "backend='legacy' or leave it as None.")
+    return backend
+
+
+def default_backend() -> str:
+    """The process-wide backend: env ``FP16UTILS_BACKEND``, else by torch version.
+
+    The environment is read on first use; call :func:`refresh` after changing
+    it (or :data:`TORCH_VERSION`) at run time.
+
+    Returns:
+        ``'native'`` when torch has native AMP (and the environment does not ask
+        for ``'legacy'``), else ``'legacy'``.
+
+    Example:
+        >>> default_backend() in ('native', 'legacy')
+        True
+    """
+    global _default
+    if _default is not None:
+        return _default
+    env = os.environ.get(BACKEND_ENV) or None
+    if env is not None:
+        env = env.strip().lower()
+        if env not in BACKENDS:
+            raise ValueError(
+                f'{BACKEND_ENV}={env!r} is not a backend; set it to one of {BACKENDS} '
+                'or unset it.')
+        backend = resolve_backend(env)
+    else:
+        backend = 'native' if has_native_amp() else 'legacy'
+    _default = backend
+    return backend
+
+
+def backend_reason() -> str:
+    """Explain in one sentence why :func:`default_backend` chose what it did.
+
+    Example:
+        >>> isinstance(backend_reason(), str)
+        True
+    """
+    env = os.environ.get(BACKEND_ENV)
+    if env:
+        return f'{BACKEND_ENV}={env} is set in the environment'
+    if has_native_amp():
+        return f'torch {TORCH_VERSION} has native AMP (torch.autocast + GradScaler)'
+    return f'torch {TORCH_VERSION} is older than 1.6 and has no native AMP'
+
+
+def refresh() -> None:
+    """Forget cached decisions (after patching :data:`TORCH_VERSION` or the env).
+
+    Example:
+        >>> refresh()
+    """
+    global _default
+    _default = None
+    _native_cache.clear()
+
+
+def resolve_dtype(dtype: Any, default: torch.dtype = torch.float16) -> torch.dtype:
+    """Normalise a low-precision dtype given as a torch dtype or a name.
+
+    Args:
+        dtype: ``torch.float16``, ``torch.bfloat16``, one of the names
+            ``'float16' 'fp16' 'half' 'bfloat16' 'bf16'``, or None.
+        default: Returned when ``dtype`` is None.
+
+    Returns:
+        ``torch.float16`` or ``torch.bfloat16``.
+
+    Raises:
+        ValueError: For any other dtype.
+
+    Example:
+        >>> resolve_dtype('bf16')
+        torch.bfloat16
+    """
+    if dtype is None:
+        return default
+    if isinstance(dtype, str):
+        key = dtype.lower().replace('torch.', '')
+        if key in _DTYPE_NAMES:
+            return _DTYPE_NAMES[key]
+    elif dtype in _LOW_PRECISION:
+        return dtype
+    raise ValueError(
+        f'Unsupported low-precision dtype {dtype!r}; expected torch.float16 or '
+        "torch.bfloat16 (or the names 'float16' / 'bfloat16').")
+
+
+def needs_loss_scaling(dtype: torch.dtype) -> bool:
+    """Whether gradients in ``dtype`` need loss scaling (only float16 does).
+
+    Example:
+        >>> needs_loss_scaling(torch.bfloat16)
+        False
+    """
+    return dtype == torch.float16
+
+
+def autocast_for(device_type: str, dtype: torch.dtype | None = None,
+                 enabled: bool = True) -> ContextManager[Any]:
+    """Return the autocast context for one device type.
+
+    Uses ``torch.autocast(device_type=...)``; on a torch without native AMP it
+    returns a no-op context.
+
+    Args:
+        device_type: ``'cpu'``, ``'cuda'``, ``'mps'``, ``'xpu'``, ``'npu'``, ...
+        dtype: The low-precision dtype; None keeps torch's default for the device.
+        enabled: False gives a context that disables autocast on that device.
+
+    Returns:
+        A context manager.
+
+    Example:
+        >>> with autocast_for('cpu', torch.bfloat16):
+        ...     y = torch.mm(torch.ones(2, 2), torch.ones(2, 2))
+        >>> y.dtype
+        torch.bfloat16
+    """
+    if not has_native_amp():
+        return contextlib.nullcontext()
+    if not _HAS_DEVICE_AUTOCAST:  # torch 1.6 - 1.9: CUDA float16 autocast only
+        if device_type == 'cuda':
+            return torch.cuda.amp.autocast(enabled=enabled)
+        return contextlib.nullcontext()
+    if dtype is None:
+        return torch.autocast(device_type=device_type, enabled=enabled)
+    return torch.autocast(device_type=device_type, dtype=dtype, enabled=enabled)
+
+
+def _autocast_supported(device_type: str, dtype: torch.dtype) -> bool:
+    """Whether torch accepts autocast to ``dtype`` on ``device_type`` (cached).
+
+    torch.autocast itself validates the pair (and warns once when it is not
+    supported); the answer is kept so the fast path never repeats that work.
+    """
+    key = (device_type, dtype)
+    ok = _supported_cache.get(key)
+    if ok is None:
+        ok = bool(torch.autocast(device_type=device_type, dtype=dtype)._enabled)
+        _supported_cache[key] = ok
+    return ok
+
+
+def call_autocast(device_type: str, dtype: torch.dtype | None, enabled: bool,
+                  func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Call ``func(*args, **kwargs)`` inside autocast on one device type.
+
+    Equivalent to ``with torch.autocast(device_type, dtype, enabled=enabled):
+    func(...)``, with the same state changes on entry and exit (enabled flag,
+    dtype, nesting count, cast cache), but without building a context object
+    per call. While torch.compile traces, under a torch-function mode (as
+    torch.export uses) or when TorchScript compiles, ``torch.autocast`` itself
+    is used so those tools see it. On a torch without native AMP the function
+    is simply called.
+
+    Args:
+        device_type: ``'cpu'``, ``'cuda'``, ...
+        dtype: The low-precision dtype (None: keep the device's current one).
+        enabled: True to turn autocast on, False to turn it off.
+        func: What to call.
+        *args: Its positional arguments.
+        **kwargs: Its keyword arguments.
+
+    Returns:
+        What ``func`` returns.
+
+    Example:
+        >>> a = torch.ones(2, 2)
+        >>> call_autocast('cpu', torch.bfloat16, True, torch.mm, a, a).dtype
+        torch.bfloat16
+    """
+    if not has_native_amp():
+        return func(*args, **kwargs)
+    if (_is_compiling() or torch._C._is_torch_function_mode_enabled()
+            or torch._jit_internal.is_scripting()):
+        with autocast_for(device_type, dtype, enabled):
+            return func(*args, **kwargs)
+    prev_enabled = torch.is_autocast_enabled(device_type)
+    prev_dtype = torch.get_autocast_dtype(device_type)
+    if enabled and not _autocast_supported(device_type, dtype or prev_dtype):
+        enabled = False
+    torch.set_autocast_enabled(device_type, enabled)
+    if dtype is not None:
+        torch.set_autocast_dtype(device_type, dtype)
+    torch.autocast_increment_nesting()
+    try:
+        return func(*args, **kwargs)
+    finally:
+        if torch.autocast_decrement_nesting() == 0:
+            torch.clear_autocast_cache()
+        torch.set_autocast_enabled(device_type, prev_enabled)
+        torch.set_autocast_dtype(device_type, prev_dtype)
+
+
+_supported_cache: dict[tuple[str, torch.dtype], bool] = {}
+_is_compiling: Callable[[], bool] = getattr(
+    getattr(torch, 'compiler', None), 'is_compiling', lambda: False)
+
+
+def make_grad_scaler(device_type: str = 'cuda', *, init_scale: float = 2.0**16,
+                     growth_factor: float = 2.0, backoff_factor: float = 0.5,
+                     growth_interval: int = 2000,
+                     enabled: bool = True) -> torch.amp.GradScaler:
+    """Build a ``torch.amp.GradScaler`` for a device type.
+
+    Args:
+        device_type: The device the gradients live on.
+        init_scale: Initial scale.
+        growth_factor: Factor applied after ``growth_interval`` clean steps.
+        backoff_factor: Factor applied on overflow.
+        growth_interval: Clean steps between growths.
+        enabled: False gives a pass-through scaler.
+
+    Returns:
+        A GradScaler.
+
+    Example:
+        >>> make_grad_scaler('cpu', init_scale=512.0).get_scale()
+        512.0
+    """
+    if not has_native_amp():
+        raise RuntimeError(
+            f'torch {TORCH_VERSION} has no native GradScaler; use the legacy backend '
+            "(backend='legacy'), which scales with fp16utils.LossScaler.")
+    if _AMP_GRAD_SCALER is None:  # torch < 2.3: only the CUDA GradScaler exists
+        if device_type != 'cuda':
+            raise RuntimeError(
+                f'torch {TORCH_VERSION} has a GradScaler for cuda only, not for '
+                f'{device_type!r}; upgrade torch (>= 2.3) or use the legacy backend.')
+        return torch.cuda.amp.GradScaler(
+            init_scale=init_scale, growth_factor=growth_factor,
+            backoff_factor=backoff_factor, growth_interval=growth_interval,
+            enabled=enabled)
+    return torch.amp.GradScaler(
+        device_type, init_scale=init_scale, growth_factor=growth_factor,
+        backoff_factor=backoff_factor, growth_interval=growth_interval,
+        enabled=enabled)
+
+
+def autocast_state(device_type: str) -> tuple[bool, torch.dtype | None]:
+    """Tell whether autocast is on for a device type, and in which dtype.
+
+    Works with the per-device API of torch >= 2.4 and with the older
+    ``is_autocast_enabled()`` / ``is_autocast_cpu_enabled()`` functions.
+
+    Args:
+        device_type: ``'cpu'``, ``'cuda'``, ...
+
+    Returns:
+        ``(enabled, dtype)``; ``(False, None)`` where torch cannot tell.
+
+    Example:
+        >>> with autocast_for('cpu', torch.bfloat16):
+        ...     autocast_state('cpu')
+        (True, torch.bfloat16)
+    """
+    if _HAS_DEVICE_AUTOCAST_STATE:  # torch >= 2.4
+        return (torch.is_autocast_enabled(device_type),
+                torch.get_autocast_dtype(device_type))
+    if device_type == 'cuda':
+        get_dtype = getattr(torch, 'get_autocast_gpu_dtype', None)
+        return (torch.is_autocast_enabled(),
+                get_dtype() if get_dtype is not None else torch.float16)
+    if device_type == 'cpu' and hasattr(torch, 'is_autocast_cpu_enabled'):
+        return torch.is_autocast_cpu_enabled(), torch.get_autocast_cpu_dtype()
+    return False, None
+
+
+def group_by_device_and_dtype(
+        tensors: Sequence[torch.Tensor]) -> list[tuple[Any, list[torch.Tensor]]]:
+    """Group tensors by (device, dtype) for foreach kernels (one C++ pass).
+
+    Args:
+        tensors: Dense tensors.
+
+    Returns:
+        ``((device, dtype), tensors)`` pairs.
+
+    Example:
+        >>> groups = group_by_device_and_dtype([torch.ones(1), torch.ones(2)])
+        >>> [(key[1], len(ts)) for key, ts in groups]
+        [(torch.float32, 2)]
+    """
+    if not tensors:
+        return []
+    if _c_group is not None:
+        grouped = _c_group([list(tensors)], False)
+        return [(key, value[0][0]) for key, value in grouped.items()]
+    groups: dict[tuple[Any, Any], list[torch.Tensor]] = {}
+    for t in tensors:
+        groups.setdefault((t.device, t.dtype), []).append(t)
+    return list(groups.items())
+
+
+_c_group = getattr(torch._C, '_group_tensors_by_device_and_dtype', None)
+# Feature flags (what the installed torch has, whatever TORCH_VERSION says).
+_HAS_DEVICE_AUTOCAST = hasattr(torch, 'autocast')  # torch >= 1.10
+_HAS_DEVICE_AUTOCAST_STATE = hasattr(torch, 'get_autocast_dtype')  # torch >= 2.4
+_AMP_GRAD_SCALER = getattr(getattr(torch, 'amp', None), 'GradScaler', None)  # >= 2.3

@@ -1,0 +1,315 @@
+"""``auto_fp16`` and ``force_fp32``: the 0.x decorators, on any device and dtype.
+
+Both decorators share one argument-casting core (:class:`_CastPlan`): the
+decorated function's signature is read once, when the decorator is applied,
+and each call only walks the arguments that were named.
+
+Example:
+    >>> import torch
+    >>> from torch import nn
+    >>> from fp16utils import auto_fp16, force_fp32
+    >>> class Head(nn.Module):
+    ...     fp16_enabled = True
+    ...     @auto_fp16(apply_to=('x',), dtype=torch.bfloat16)
+    ...     def forward(self, x):
+    ...         return x * 2
+    ...     @force_fp32()
+    ...     def loss(self, pred):
+    ...         return pred.sum()
+    >>> head = Head()
+    >>> y = head(torch.ones(2))
+    >>> y.dtype, head.loss(y).dtype
+    (torch.bfloat16, torch.float32)
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any, Callable, Collection, Iterable, Optional, TypeVar, Union
+
+import torch
+from torch import nn
+
+from . import _torch
+from .cast import _cast, _device_type
+
+__all__ = ['auto_fp16', 'force_fp32']
+
+F = TypeVar('F', bound=Callable[..., Any])
+
+_MISSING = object()
+_NO_DICT: dict = {}
+_FLOAT = (torch.float32,)
+_LOW = (torch.float16, torch.bfloat16)
+
+
+def _instance_attr(obj: Any, name: str, default: Any) -> Any:
+    """Read an attribute without the cost of ``nn.Module.__getattr__`` misses."""
+    value = getattr(obj, '__dict__', _NO_DICT).get(name, _MISSING)
+    if value is not _MISSING:
+        return value
+    value = getattr(type(obj), name, _MISSING)
+    if value is _MISSING:
+        return default
+    if hasattr(value, '__get__'):  # a property or other descriptor
+        return getattr(obj, name, default)
+    return value
+
+
+def _module_device_type(obj: Any) -> str:
+    """Device type of a module's first parameter or buffer ('cpu' if none)."""
+    if isinstance(obj, nn.Module):
+        for tensor in obj.parameters():
+            return tensor.device.type
+        for tensor in obj.buffers():
+            return tensor.device.type
+    return 'cpu'
+
+
+class _CastPlan:
+    """Which arguments of one function to cast, worked out at decoration time."""
+
+    __slots__ = ('all_args', 'positions', 'var_from', 'names', 'all_extra_kwargs',
+                 'named')
+
+    def __init__(self, func: Callable[..., Any], apply_to: Optional[Iterable[str]],
+                 decorator: str) -> None:
+        try:
+            params = list(inspect.signature(func).parameters.values())
+        except (TypeError, ValueError) as err:
+            raise TypeError(
+                f'@{decorator} needs a function with an inspectable signature; '
+                f'{func!r} has none ({err}).') from None
+        kinds = inspect.Parameter
+        positional = [p.name for p in params
+                      if p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)]
+        var_pos = next((p.name for p in params if p.kind == kinds.VAR_POSITIONAL), None)
+        var_kw = next((p.name for p in params if p.kind == kinds.VAR_KEYWORD), None)
+        self.named = frozenset(p.name for p in params
+                               if p.kind not in (kinds.VAR_POSITIONAL, kinds.VAR_KEYWORD))
+        self.all_args = apply_to is None
+        self.positions: tuple[int, ...] = ()
+        self.var_from: Optional[int] = None
+        self.names: frozenset[str] = frozenset()
+        self.all_extra_kwargs = False
+        if apply_to is None:
+            return
+        if isinstance(apply_to, str):
+            apply_to = (apply_to,)
+        wanted = tuple(apply_to)
+        for name in wanted:
+            if not isinstance(name, str):
+                raise TypeError(
+                    f'@{decorator}(apply_to=...) takes argument names as strings; got '
+                    f'{name!r} for {func.__qualname__}.')
+            if name not in self.named and name not in (var_pos, var_kw) and var_kw is None:
+                raise ValueError(
+                    f'@{decorator}(apply_to={wanted!r}): {func.__qualname__}() has no '
+                    f'argument {name!r}; its arguments are '
+                    f'{[p.name for p in params]}.')
+        self.positions = tuple(i for i, n in enumerate(positional) if n in wanted and i > 0)
+        if var_pos is not None and var_pos in wanted:
+            self.var_from = len(positional)
+        self.names = frozenset(n for n in wanted if n not in (var_pos, var_kw))
+        self.all_extra_kwargs = var_kw is not None and var_kw in wanted
+
+    def cast(self, args: tuple, kwargs: dict, src: Collection[torch.dtype],
+             dst: torch.dtype, seen: list) -> tuple[tuple, dict]:
+        """Return ``(args, kwargs)`` with the planned arguments cast."""
+        if self.all_args:
+            new_args = (args[0], *[_cast(a, src, dst, seen) for a in args[1:]])
+            if kwargs:
+                kwargs = {k: _cast(v, src, dst, seen) for k, v in kwargs.items()}
+            return new_args, kwargs
+        if self.positions or self.var_from is not None:
+            lst = list(args)
+            n = len(lst)
+            for i in self.positions:
+                if i < n:
+                    lst[i] = _cast(lst[i], src, dst, seen)
+            if self.var_from is not None:
+                for i in range(self.var_from, n):
+                    lst[i] = _cast(lst[i], src, dst, seen)
+            args = tuple(lst)
+        if kwargs:
+            names, extra, named = self.names, self.all_extra_kwargs, self.named
+            kwargs = {k: (_cast(v, src, dst, seen)
+                          if k in names or (extra and k not in named) else v)
+                      for k, v in kwargs.items()}
+        return args, kwargs
+
+
+def _find_device_type(args: tuple, kwargs: dict, seen: list) -> str:
+    """Device type of the first cast tensor, else of any tensor argument, else the module."""
+    if seen:
+        return seen[0]
+    for value in (*args[1:], *kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            return _device_type(value)
+    return _module_device_type(args[0])
+
+
+def _uses_autocast(module: Any) -> bool:
+    flag = _instance_attr(module, '_fp16_autocast', None)
+    if flag is None:
+        return _torch.default_backend() == 'native'
+    return bool(flag)
+
+
+def _check_owner(args: tuple, supported_types: tuple, decorator: str,
+                 func: Callable[..., Any]) -> None:
+    if not args or not isinstance(args[0], supported_types):
+        got = type(args[0]).__name__ if args else 'no arguments'
+        names = ', '.join(t.__name__ for t in supported_types)
+        raise TypeError(
+            f'@{decorator} can only decorate methods of {names}; '
+            f'{func.__qualname__} was called with {got} as its first argument.')
+
+
+def auto_fp16(apply_to: Optional[Iterable[str]] = None, out_fp32: bool = False,
+              supported_types: tuple = (nn.Module,),
+              dtype: Union[torch.dtype, str, None] = None) -> Callable[[F], F]:
+    """Run a method in low precision when its owner has ``fp16_enabled`` set.
+
+    When the instance (the first argument) has a true ``fp16_enabled``
+    attribute, the named float32 arguments (all of them when ``apply_to`` is
+    None) are cast to the low-precision dtype and the method runs inside
+    ``torch.autocast`` on the device of those tensors (CPU included). Without
+    the flag the method runs untouched.
+
+    Args:
+        apply_to: Names of the arguments to cast; None casts them all. Names
+            are checked against the signature when the decorator is applied.
+        out_fp32: Cast low-precision outputs back to float32.
+        supported_types: Classes whose methods may be decorated; a call with
+            any other first argument is a TypeError.
+        dtype: ``torch.float16``, ``torch.bfloat16`` (or their names); None
+            means the instance's ``fp16_dtype`` attribute, else float16.
+
+    Returns:
+        The decorator.
+
+    Raises:
+        ValueError: When ``apply_to`` names an argument the function lacks.
+
+    Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> class Net(nn.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.fp16_enabled = True
+        ...     @auto_fp16(out_fp32=True)
+        ...     def forward(self, x):
+        ...         return x
+        >>> Net()(torch.ones(1)).dtype
+        torch.float32
+    """
+    fixed_dtype = None if dtype is None else _torch.resolve_dtype(dtype)
+
+    def decorator(func: F) -> F:
+        plan = _CastPlan(func, apply_to, 'auto_fp16')
+
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:  # the disabled path must cost next to nothing
+                owner = args[0]
+                enabled = owner.__dict__.get('fp16_enabled', _MISSING)
+            except (IndexError, AttributeError):
+                owner = args[0] if args else None
+                enabled = _MISSING
+            if not isinstance(owner, supported_types):
+                _check_owner(args, supported_types, 'auto_fp16', func)
+            if enabled is _MISSING:
+                enabled = _instance_attr(owner, 'fp16_enabled', False)
+            if not enabled:
+                return func(*args, **kwargs)
+            low = fixed_dtype or _torch.resolve_dtype(
+                _instance_attr(owner, 'fp16_dtype', None))
+            seen: list = []
+            args, kwargs = plan.cast(args, kwargs, _FLOAT, low, seen)
+            if _uses_autocast(owner):
+                device_type = _find_device_type(args, kwargs, seen)
+                enabled, current = _torch.autocast_state(device_type)
+                if enabled and current == low:
+                    output = func(*args, **kwargs)
+                else:
+                    output = _torch.call_autocast(device_type, low, True, func,
+                                                  *args, **kwargs)
+            else:
+                output = func(*args, **kwargs)
+            if out_fp32:
+                output = _cast(output, (low,), torch.float32, None)
+            return output
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorator
+
+
+def force_fp32(apply_to: Optional[Iterable[str]] = None, out_fp16: bool = False,
+               supported_types: tuple = (nn.Module,)) -> Callable[[F], F]:
+    """Run a method in float32 when its owner has ``fp16_enabled`` set.
+
+    The mirror image of :func:`auto_fp16`: the named float16 and bfloat16
+    arguments become float32 and the method runs with autocast disabled on
+    their device. Without the flag the method runs untouched.
+
+    Args:
+        apply_to: Names of the arguments to cast; None casts them all.
+        out_fp16: Cast float32 outputs back to the low-precision dtype (the
+            instance's ``fp16_dtype``, else float16).
+        supported_types: Classes whose methods may be decorated.
+
+    Returns:
+        The decorator.
+
+    Raises:
+        ValueError: When ``apply_to`` names an argument the function lacks.
+
+    Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> class Head(nn.Module):
+        ...     fp16_enabled = True
+        ...     @force_fp32(apply_to=('pred',))
+        ...     def loss(self, pred, target):
+        ...         return (pred - target).abs().mean()
+        >>> Head().loss(torch.ones(2).half(), torch.zeros(2)).dtype
+        torch.float32
+    """
+
+    def decorator(func: F) -> F:
+        plan = _CastPlan(func, apply_to, 'force_fp32')
+
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:  # the disabled path must cost next to nothing
+                owner = args[0]
+                enabled = owner.__dict__.get('fp16_enabled', _MISSING)
+            except (IndexError, AttributeError):
+                owner = args[0] if args else None
+                enabled = _MISSING
+            if not isinstance(owner, supported_types):
+                _check_owner(args, supported_types, 'force_fp32', func)
+            if enabled is _MISSING:
+                enabled = _instance_attr(owner, 'fp16_enabled', False)
+            if not enabled:
+                return func(*args, **kwargs)
+            seen: list = []
+            args, kwargs = plan.cast(args, kwargs, _LOW, torch.float32, seen)
+            device_type = _find_device_type(args, kwargs, seen)
+            if _torch.has_native_amp() and _torch.autocast_state(device_type)[0]:
+                output = _torch.call_autocast(device_type, None, False, func,
+                                              *args, **kwargs)
+            else:
+                output = func(*args, **kwargs)
+            if out_fp16:
+                low = _torch.resolve_dtype(_instance_attr(owner, 'fp16_dtype', None))
+                output = _cast(output, _FLOAT, low, None)
+            return output
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorator

@@ -1,0 +1,253 @@
+"""``LossScaler``: mmcv's loss scaler, with a fused, single-sync overflow check.
+
+Example:
+    >>> import torch
+    >>> from fp16utils import LossScaler
+    >>> scaler = LossScaler(init_scale=8., scale_window=2)
+    >>> p = torch.nn.Parameter(torch.ones(2))
+    >>> p.grad = torch.tensor([16., float('inf')])
+    >>> overflow = scaler.unscale_([p])
+    >>> scaler.update_scale(overflow)
+    >>> overflow, scaler.loss_scale
+    (True, 4.0)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Mapping, Optional
+
+import torch
+
+from . import _torch
+
+__all__ = ['LossScaler', 'non_finite_check_']
+
+_STATE_KEYS = ('cur_scale', 'cur_iter', 'mode', 'last_overflow_iter', 'scale_factor',
+               'scale_window')
+
+
+def _dense_grads(params: Iterable[Any]) -> list[torch.Tensor]:
+    """The dense gradients of ``params``, skipping those without one."""
+    grads = []
+    for p in params:
+        grad = p.grad
+        if grad is None:
+            continue
+        if grad.is_sparse:
+            grad = grad._values()
+        grads.append(grad)
+    return grads
+
+
+def non_finite_check_(tensors: list[torch.Tensor], inv_scale: Optional[float] = None
+                      ) -> bool:
+    """Check tensors for inf/nan, multiplying them by ``inv_scale`` in the same pass.
+
+    Uses torch's fused ``_amp_foreach_non_finite_check_and_unscale_`` kernel,
+    one launch per (device, dtype) group (a per-tensor check where torch lacks
+    that kernel), and synchronises with the device once, whatever the number
+    of tensors.
+
+    Args:
+        tensors: Dense floating-point tensors (gradients), changed in place
+            when ``inv_scale`` is given.
+        inv_scale: Factor to multiply by; None only checks.
+
+    Returns:
+        True when any tensor holds an inf or a nan.
+
+    Example:
+        >>> import torch
+        >>> non_finite_check_([torch.ones(2), torch.tensor([float('nan')])])
+        True
+    """
+    groups = _torch.group_by_device_and_dtype(tensors)
+    if not groups:
+        return False
+    found: dict[Any, torch.Tensor] = {}
+    scales: dict[Any, torch.Tensor] = {}
+    factor = 1.0 if inv_scale is None else float(inv_scale)
+    fused = getattr(torch, '_amp_foreach_non_finite_check_and_unscale_', None)
+    for (device, _), group in groups:
+        if device not in found:
+            found[device] = torch.zeros(1, dtype=torch.float32, device=device)
+            scales[device] = torch.full((1,), factor, dtype=torch.float32, device=device)
+        if fused is not None:
+            try:
+                fused(group, found[device], scales[device])
+                continue
+            except (RuntimeError, NotImplementedError):
+                pass  # no kernel for this device/dtype in this torch: check below
+        _non_finite_check_slow_(group, found[device], factor)
+    flags = list(found.values())
+    if len(flags) == 1:
+        return bool(flags[0].item())
+    first = flags[0].device
+    return bool(torch.stack([f.to(first, non_blocking=True) for f in flags]).sum().item())
+
+
+def _non_finite_check_slow_(tensors: list[torch.Tensor], found: torch.Tensor,
+                            factor: float) -> None:
+    """Unfused fallback (old torch, or a device without the fused kernel); no sync."""
+    for t in tensors:
+        found.add_(torch.isfinite(t).logical_not().any().to(found.dtype))
+        if factor != 1.0:
+            t.mul_(factor)
+
+
+class LossScaler:
+    """Loss scaler for float16 training, compatible with mmcv's.
+
+    In ``'dynamic'`` mode the scale is divided by ``scale_factor`` (never
+    below 1) after an overflow, and multiplied by it after every
+    ``scale_window`` clean iterations since the last overflow. In ``'static'``
+    mode the scale never changes; an overflow is still detected, so a
+    non-finite gradient is never applied.
+
+    Args:
+        init_scale: Initial scale.
+        mode: ``'dynamic'`` or ``'static'``.
+        scale_factor: Factor of growth and backoff (> 1).
+        scale_window: Clean iterations between growths (>= 1).
+
+    Example:
+        >>> scaler = LossScaler(init_scale=512., mode='static')
+        >>> scaler.update_scale(True)
+        >>> scaler.loss_scale
+        512.0
+    """
+
+    def __init__(self, init_scale: float = 2**32, mode: str = 'dynamic',
+                 scale_factor: float = 2., scale_window: int = 1000) -> None:
+        if mode not in ('dynamic', 'static'):
+            raise ValueError(
+                f"LossScaler mode must be 'dynamic' or 'static', got {mode!r}.")
+        _check_positive('init_scale', init_scale)
+        _check_positive('scale_factor', scale_factor)
+        if scale_factor <= 1 and mode == 'dynamic':
+            raise ValueError(
+                f'LossScaler scale_factor must be > 1 in dynamic mode, got {scale_factor}.')
+        if isinstance(scale_window, bool) or not isinstance(scale_window, int) or (
+                scale_window < 1):
+            raise ValueError(
+                f'LossScaler scale_window must be an int >= 1, got {scale_window!r}.')
+        self.cur_scale = float(init_scale)
+        self.cur_iter = 0
+        self.mode = mode
+        self.last_overflow_iter = -1
+        self.scale_factor = float(scale_factor)
+        self.scale_window = scale_window
+
+    @property
+    def loss_scale(self) -> float:
+        """The current scale."""
+        return self.cur_scale
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        """Return ``loss * loss_scale``.
+
+        Example:
+            >>> import torch
+            >>> LossScaler(init_scale=4.).scale(torch.tensor(2.)).item()
+            8.0
+        """
+        return loss * self.cur_scale
+
+    def has_overflow(self, params: Iterable[Any]) -> bool:
+        """Tell whether any gradient of ``params`` holds an inf or a nan.
+
+        One fused pass and one device synchronisation in total.
+
+        Args:
+            params: Parameters (their ``.grad`` is checked; None grads skipped).
+
+        Returns:
+            True on overflow.
+
+        Example:
+            >>> import torch
+            >>> p = torch.nn.Parameter(torch.ones(1))
+            >>> p.grad = torch.ones(1)
+            >>> LossScaler().has_overflow([p])
+            False
+        """
+        return non_finite_check_(_dense_grads(params))
+
+    def unscale_(self, params: Iterable[Any]) -> bool:
+        """Divide the gradients of ``params`` by the scale and check them, in one pass.
+
+        Args:
+            params: Parameters whose ``.grad`` is unscaled in place.
+
+        Returns:
+            True on overflow (the gradients are then meaningless: skip the step).
+
+        Example:
+            >>> import torch
+            >>> p = torch.nn.Parameter(torch.ones(1))
+            >>> p.grad = torch.full((1,), 8.)
+            >>> LossScaler(init_scale=8.).unscale_([p]), p.grad.item()
+            (False, 1.0)
+        """
+        return non_finite_check_(_dense_grads(params), 1.0 / self.cur_scale)
+
+    def update_scale(self, overflow: bool) -> None:
+        """Advance one iteration and adjust the scale (dynamic mode only).
+
+        Args:
+            overflow: Whether this iteration overflowed.
+
+        Example:
+            >>> s = LossScaler(init_scale=4., scale_window=1)
+            >>> s.update_scale(False); s.loss_scale
+            8.0
+        """
+        if self.mode != 'dynamic':
+            return
+        if overflow:
+            self.cur_scale = max(self.cur_scale / self.scale_factor, 1.0)
+            self.last_overflow_iter = self.cur_iter
+        elif (self.cur_iter - self.last_overflow_iter) % self.scale_window == 0:
+            self.cur_scale *= self.scale_factor
+        self.cur_iter += 1
+
+    def state_dict(self) -> dict[str, Any]:
+        """The scaler state, with exactly mmcv's keys.
+
+        Example:
+            >>> sorted(LossScaler().state_dict())
+            ['cur_iter', 'cur_scale', 'last_overflow_iter', 'mode', 'scale_factor', 'scale_window']
+        """
+        return {key: getattr(self, key) for key in _STATE_KEYS}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Restore a state written by :meth:`state_dict` (or by mmcv).
+
+        Raises:
+            KeyError: When a key is missing; nothing is changed then.
+
+        Example:
+            >>> a, b = LossScaler(init_scale=8.), LossScaler()
+            >>> b.load_state_dict(a.state_dict()); b.loss_scale
+            8.0
+        """
+        missing = [k for k in _STATE_KEYS if k not in state_dict]
+        if missing:
+            raise KeyError(
+                f'LossScaler state is missing {missing}; expected the keys {_STATE_KEYS} '
+                'as written by LossScaler.state_dict().')
+        if state_dict['mode'] not in ('dynamic', 'static'):
+            raise ValueError(f"LossScaler state has mode {state_dict['mode']!r}.")
+        for key in _STATE_KEYS:
+            setattr(self, key, state_dict[key])
+
+    def __repr__(self) -> str:
+        return (f'LossScaler(cur_scale={self.cur_scale}, mode={self.mode!r}, '
+                f'scale_factor={self.scale_factor}, scale_window={self.scale_window})')
+
+
+def _check_positive(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            math.isfinite(value) and value > 0):
+        raise ValueError(f'LossScaler {name} must be a finite number > 0, got {value!r}.')

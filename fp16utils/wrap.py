@@ -1,0 +1,166 @@
+"""Turn a float32 model into a mixed-precision one.
+
+Example:
+    >>> import torch
+    >>> from torch import nn
+    >>> from fp16utils import wrap_fp16_model
+    >>> model = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))
+    >>> model = wrap_fp16_model(model, backend='legacy')
+    >>> model[0].weight.dtype, model[1].weight.dtype
+    (torch.float16, torch.float32)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Union
+
+import torch
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from . import _torch
+from .cast import _cast
+
+__all__ = ['patch_forward_method', 'patch_norm_fp32', 'wrap_fp16_model']
+
+
+class _PatchedForward:
+    """A forward that casts its arguments, and optionally its output back.
+
+    It is a plain picklable object rather than a closure, and it keeps the
+    module it belongs to as an ordinary attribute, so ``copy.deepcopy`` of the
+    module gives a copy whose forward runs the copy's parameters, and
+    ``pickle``/``torch.save`` of the whole model work.
+    """
+
+    def __init__(self, func: Callable[..., Any], src_type: torch.dtype,
+                 dst_type: torch.dtype, convert_output: bool) -> None:
+        owner = getattr(func, '__self__', None)
+        if isinstance(owner, nn.Module):
+            self.owner: Optional[nn.Module] = owner
+            self.func: Callable[..., Any] = func.__func__  # type: ignore[attr-defined]
+        else:
+            self.owner = None
+            self.func = func
+        self.src_type = src_type
+        self.dst_type = dst_type
+        self.convert_output = convert_output
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        src, dst = (self.src_type,), self.dst_type
+        args = _cast(args, src, dst, None)
+        kwargs = _cast(kwargs, src, dst, None)
+        if self.owner is None:
+            output = self.func(*args, **kwargs)
+        else:
+            output = self.func(self.owner, *args, **kwargs)
+        if self.convert_output:
+            output = _cast(output, (dst,), self.src_type, None)
+        return output
+
+    def __repr__(self) -> str:
+        return (f'patched_forward({getattr(self.func, "__qualname__", self.func)}, '
+                f'{self.src_type} -> {self.dst_type})')
+
+
+def patch_forward_method(func: Callable[..., Any], src_type: torch.dtype,
+                         dst_type: torch.dtype,
+                         convert_output: bool = True) -> Callable[..., Any]:
+    """Wrap a forward so its ``src_type`` inputs become ``dst_type``.
+
+    Args:
+        func: The original forward (usually a bound ``module.forward``).
+        src_type: Dtype of the input tensors to convert.
+        dst_type: Dtype to convert them to.
+        convert_output: Convert ``dst_type`` outputs back to ``src_type``.
+
+    Returns:
+        The patched forward; it survives ``copy.deepcopy`` and pickling of
+        its module.
+
+    Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> gn = nn.GroupNorm(1, 2)
+        >>> gn.forward = patch_forward_method(gn.forward, torch.half, torch.float)
+        >>> gn(torch.ones(1, 2, 3).half()).dtype
+        torch.float16
+    """
+    return _PatchedForward(func, src_type, dst_type, convert_output)
+
+
+def patch_norm_fp32(module: nn.Module, dtype: Union[torch.dtype, str] = torch.float16
+                    ) -> nn.Module:
+    """Put normalization layers back in float32 inside a low-precision model.
+
+    Every BatchNorm (any ``_BatchNorm``) and GroupNorm below ``module`` gets
+    float32 parameters and buffers; GroupNorm's forward also converts ``dtype``
+    inputs to float32 and its output back. Applying it twice is harmless.
+
+    Args:
+        module: The (half) model.
+        dtype: The model's low-precision dtype (float16 or bfloat16).
+
+    Returns:
+        ``module`` itself.
+
+    Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> m = patch_norm_fp32(nn.Sequential(nn.GroupNorm(1, 2)).half())
+        >>> m[0].weight.dtype
+        torch.float32
+    """
+    low = _torch.resolve_dtype(dtype)
+    if isinstance(module, (_BatchNorm, nn.GroupNorm)):
+        module.float()
+        if isinstance(module, nn.GroupNorm) and not isinstance(
+                module.__dict__.get('forward'), _PatchedForward):
+            module.forward = patch_forward_method(module.forward, low, torch.float32)
+    for child in module.children():
+        patch_norm_fp32(child, low)
+    return module
+
+
+def wrap_fp16_model(model: nn.Module, dtype: Union[torch.dtype, str, None] = None,
+                    backend: Optional[str] = None) -> nn.Module:
+    """Prepare a float32 model for mixed-precision training.
+
+    Native backend: sets ``fp16_enabled = True`` on every submodule that has
+    the attribute, so their ``@auto_fp16``/``@force_fp32`` methods switch on.
+    Legacy backend: converts the model to ``dtype``, puts the normalization
+    layers back in float32 (:func:`patch_norm_fp32`), then sets the flags.
+
+    Args:
+        model: A float32 model.
+        dtype: float16 (default) or bfloat16. It is recorded as ``fp16_dtype``
+            on the flagged modules for the decorators (a module that already
+            has an ``fp16_dtype`` keeps it unless ``dtype`` is given).
+        backend: ``'native'``, ``'legacy'`` or None for the default.
+
+    Returns:
+        ``model`` itself (modified in place).
+
+    Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> class Net(nn.Linear):
+        ...     fp16_enabled = False
+        >>> wrap_fp16_model(Net(2, 2)).fp16_enabled
+        True
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(
+            f'wrap_fp16_model() takes an nn.Module, got {type(model).__name__}.')
+    backend = _torch.resolve_backend(backend)
+    low = _torch.resolve_dtype(dtype)
+    if backend == 'legacy':
+        model.to(low)
+        patch_norm_fp32(model, low)
+    for module in model.modules():
+        if hasattr(module, 'fp16_enabled'):
+            module.fp16_enabled = True
+            module._fp16_autocast = backend == 'native'
+            if dtype is not None or not hasattr(module, 'fp16_dtype'):
+                module.fp16_dtype = low
+    return model

@@ -1,0 +1,38 @@
+"""Packaging for fp16utils."""
+
+import re
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+HERE = Path(__file__).parent
+VERSION = re.search(r"^__version__ = '([^']+)'",
+                    (HERE / 'fp16utils' / '__init__.py').read_text(), re.M).group(1)
+
+setup(
+    name='fp16utils',
+    version=VERSION,
+    description='Mixed-precision training for PyTorch: the OpenMMLab 0.x fp16 API on '
+                'any device, and a path to 1.x-style AMP optimizer wrappers.',
+    long_description=(HERE / 'README.md').read_text(encoding='utf-8'),
+    long_description_content_type='text/markdown',
+    license='Apache-2.0',
+    python_requires='>=3.9',
+    packages=find_packages(include=['fp16utils', 'fp16utils.*']),
+    package_data={'fp16utils': ['py.typed']},
+    install_requires=[
+        'torch>=2.4',
+        'numpy',
+        'packaging',
+    ],
+    extras_require={
+        'test': ['pytest>=7', 'hypothesis>=6'],
+        'plot': ['matplotlib'],
+    },
+    entry_points={'console_scripts': ['fp16utils=fp16utils.cli:main']},
+    classifiers=[
+        'Programming Language :: Python :: 3',
+        'Topic :: Scientific/Engineering :: Artificial Intelligence',
+        'Typing :: Typed',
+    ],
+)
