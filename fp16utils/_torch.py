@@ -331,7 +331,9 @@ def call_autocast(device_type: str, dtype: torch.dtype | None, enabled: bool,
     """
     if not has_native_amp():
         return func(*args, **kwargs)
-    if (_is_compiling() or torch._C._is_torch_function_mode_enabled()
+    # torch < 2.4 has no per-device autocast state setters: use the context.
+    if (not _HAS_DEVICE_AUTOCAST_STATE or _is_compiling()
+            or torch._C._is_torch_function_mode_enabled()
             or torch._jit_internal.is_scripting()):
         with autocast_for(device_type, dtype, enabled):
             return func(*args, **kwargs)

@@ -1,0 +1,259 @@
+"""Training steps per second: fp16utils' wrappers and hooks against hand-written torch AMP.
+
+For a small conv net and a small MLP, each variant trains on the same data:
+
+- ``fp32``: a hand-written float32 loop (for scale);
+- ``amp (hand-written)``: ``torch.autocast`` + ``torch.amp.GradScaler`` written
+  out by hand, the limit the others are measured against;
+- ``AmpOptimWrapper``: the 1.x style (``optim_context`` + ``update_params``);
+- ``Fp16OptimizerHook``: the 0.x style (``@auto_fp16`` forward, the hook's
+  ``after_train_iter`` driven by a minimal runner);
+- ``legacy (half + fp32 masters)``: ``AmpOptimWrapper(backend='legacy')``, a
+  half model with float32 master weights.
+
+All variants run in one process, interleaved over several repeats; the table
+shows the median steps/s and the time per step relative to the hand-written
+AMP loop (1.00 = as fast; above 1 = slower). Absolute numbers only mean
+something next to the device they were measured on.
+
+Run:
+    python benchmarks/train_step.py                  # cuda if available, else cpu
+    python benchmarks/train_step.py --quick          # a few seconds
+    python benchmarks/train_step.py --device cpu --dtype bfloat16 --steps 50 --repeats 7
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import platform
+import statistics
+import time
+from typing import Callable, Dict, List, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import fp16utils
+from fp16utils import AmpOptimWrapper, Fp16OptimizerHook, auto_fp16
+
+Batch = Tuple[torch.Tensor, torch.Tensor]
+Step = Callable[[Batch], None]
+
+
+class ConvNet(nn.Module):
+    """A small conv net for 3x32x32 images, 10 classes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fp16_enabled = False
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(),
+            nn.Conv2d(32, 64, 3, stride=2, padding=1), nn.ReLU(),
+            nn.Conv2d(64, 64, 3, stride=2, padding=1), nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.head = nn.Linear(64, 10)
+
+    @auto_fp16()
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+
+class MLP(nn.Module):
+    """A small MLP, 256 -> 512 -> 512 -> 10."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fp16_enabled = False
+        self.net = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
+                                 nn.Linear(512, 10))
+
+    @auto_fp16()
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+MODELS = {
+    'conv net (bs 32, 3x32x32)': (ConvNet, lambda g, n: torch.randn(n, 3, 32, 32, generator=g),
+                                  32),
+    'MLP (bs 64, 256-512-512-10)': (MLP, lambda g, n: torch.randn(n, 256, generator=g), 64),
+}
+
+
+def make_data(make_x: Callable, batch_size: int, device: str, count: int = 8) -> List[Batch]:
+    gen = torch.Generator().manual_seed(0)
+    return [(make_x(gen, batch_size).to(device),
+             torch.randint(0, 10, (batch_size,), generator=gen).to(device))
+            for _ in range(count)]
+
+
+def fresh(model_cls: type, device: str) -> nn.Module:
+    torch.manual_seed(0)
+    return model_cls().to(device)
+
+
+def sgd(model: nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+
+
+# ------------------------------------------------------------------------ the variants
+
+
+def fp32_loop(model_cls: type, device: str, dtype: torch.dtype) -> Step:
+    model = fresh(model_cls, device)
+    optimizer = sgd(model)
+
+    def step(batch: Batch) -> None:
+        x, y = batch
+        optimizer.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        optimizer.step()
+
+    return step
+
+
+def amp_loop(model_cls: type, device: str, dtype: torch.dtype) -> Step:
+    model = fresh(model_cls, device)
+    optimizer = sgd(model)
+    scaler = torch.amp.GradScaler(device, enabled=dtype == torch.float16)
+
+    def step(batch: Batch) -> None:
+        x, y = batch
+        with torch.autocast(device, dtype=dtype):
+            out = model(x)
+        loss = F.cross_entropy(out.float(), y)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad()
+
+    return step
+
+
+def wrapper_loop(model_cls: type, device: str, dtype: torch.dtype,
+                 backend: str = 'native') -> Step:
+    model = fresh(model_cls, device)
+    wrapper = AmpOptimWrapper(sgd(model), dtype=dtype, backend=backend, model=model)
+
+    def step(batch: Batch) -> None:
+        x, y = batch
+        with wrapper.optim_context(model):
+            out = model(x)
+        wrapper.update_params(F.cross_entropy(out.float(), y))
+
+    return step
+
+
+def legacy_loop(model_cls: type, device: str, dtype: torch.dtype) -> Step:
+    return wrapper_loop(model_cls, device, dtype, backend='legacy')
+
+
+class _LogBuffer:
+    def update(self, values: Dict[str, float], count: int = 1) -> None:
+        pass
+
+
+class _Runner:
+    """The attributes an mmcv optimizer hook reads."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.model, self.optimizer = model, optimizer
+        self.meta: dict = {}
+        self.logger = None
+        self.log_buffer = _LogBuffer()
+        self.iter, self.max_iters = 0, 1 << 30
+        self.outputs: dict = {}
+
+
+def hook_loop(model_cls: type, device: str, dtype: torch.dtype) -> Step:
+    model = fresh(model_cls, device)
+    runner = _Runner(model, sgd(model))
+    hook = Fp16OptimizerHook(loss_scale='dynamic', dtype=dtype, backend='native')
+    hook.before_run(runner)  # wrap_fp16_model: the @auto_fp16 forward now autocasts
+
+    def step(batch: Batch) -> None:
+        x, y = batch
+        out = runner.model(x)
+        runner.outputs = {'loss': F.cross_entropy(out.float(), y), 'num_samples': len(y)}
+        hook.after_train_iter(runner)
+        runner.iter += 1
+
+    return step
+
+
+VARIANTS: Dict[str, Callable[..., Step]] = {
+    'fp32 (hand-written)': fp32_loop,
+    'amp (hand-written)': amp_loop,
+    'AmpOptimWrapper': wrapper_loop,
+    'Fp16OptimizerHook': hook_loop,
+    'legacy (half + fp32 masters)': legacy_loop,
+}
+BASELINE = 'amp (hand-written)'
+
+
+# ------------------------------------------------------------------------ timing
+
+
+def _sync(device: str) -> None:
+    if device.startswith('cuda'):
+        torch.cuda.synchronize()
+
+
+def time_steps(step: Step, data: List[Batch], steps: int, device: str) -> float:
+    """Seconds per step over ``steps`` steps."""
+    batches = itertools.islice(itertools.cycle(data), steps)
+    _sync(device)
+    start = time.perf_counter()
+    for batch in batches:
+        step(batch)
+    _sync(device)
+    return (time.perf_counter() - start) / steps
+
+
+def bench_model(name: str, model_cls: type, make_x: Callable, batch_size: int,
+                args: argparse.Namespace) -> List[Tuple[str, float, float]]:
+    device = args.device
+    dtype = fp16utils._torch.resolve_dtype(args.dtype)
+    data = make_data(make_x, batch_size, device)
+    steps = {label: make(model_cls, device, dtype) for label, make in VARIANTS.items()}
+    for step in steps.values():  # warm up: first-call costs, the scaler settling
+        time_steps(step, data, args.warmup, device)
+    times: Dict[str, List[float]] = {label: [] for label in steps}
+    for repeat in range(args.repeats):
+        order = list(steps)
+        if repeat % 2:
+            order.reverse()
+        for label in order:
+            times[label].append(time_steps(steps[label], data, args.steps, device))
+    base = statistics.median(times[BASELINE])
+    return [(label, 1.0 / statistics.median(t), statistics.median(t) / base)
+            for label, t in times.items()]
+
+
+def main(argv: List[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
+    parser.add_argument('--dtype', default='float16', choices=['float16', 'bfloat16'])
+    parser.add_argument('--steps', type=int, default=40, help='steps per timed block')
+    parser.add_argument('--repeats', type=int, default=9, help='interleaved repeats')
+    parser.add_argument('--warmup', type=int, default=10, help='untimed steps per variant')
+    parser.add_argument('--quick', action='store_true', help='few steps, for a smoke run')
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.steps, args.repeats, args.warmup = 5, 3, 3
+    print(f'torch {torch.__version__}, fp16utils {fp16utils.__version__}, '
+          f'device {args.device}, dtype {args.dtype}, threads {torch.get_num_threads()}, '
+          f'{platform.processor() or platform.machine()}; '
+          f'{args.steps} steps x {args.repeats} repeats, medians')
+    for name, (model_cls, make_x, batch_size) in MODELS.items():
+        rows = bench_model(name, model_cls, make_x, batch_size, args)
+        print(f'\n### {name}\n')
+        print('| variant | steps/s | time vs hand-written amp |')
+        print('| --- | ---: | ---: |')
+        for label, rate, ratio in rows:
+            print(f'| {label} | {rate:,.1f} | {ratio:.3f}x |')
+
+
+if __name__ == '__main__':
+    main()

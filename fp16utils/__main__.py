@@ -1,0 +1,7 @@
+"""``python -m fp16utils``: the same as the ``fp16utils`` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

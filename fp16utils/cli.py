@@ -1,0 +1,420 @@
+"""The ``fp16utils`` command: demo, env, migrate, scan, bench.
+
+Exit codes: 0 success, 1 findings or failure, 2 usage errors. Errors are one
+line on stderr that names the file and the problem.
+
+Example:
+    >>> main(['env']) == 0  # doctest: +ELLIPSIS
+    fp16utils ...
+    True
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import runpy
+import sys
+import warnings
+from pathlib import Path
+from typing import Any, NoReturn, Optional, Sequence, TextIO
+
+__all__ = ['main']
+
+PROG = 'fp16utils'
+
+
+class UsageError(Exception):
+    """A mistake in how the command was called (exit code 2)."""
+
+
+class CommandError(Exception):
+    """The command could not do its work (exit code 1)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line, exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f'{message} (see {self.prog} --help)')
+
+
+# --------------------------------------------------------------------- env
+
+
+def cmd_env(args: argparse.Namespace, out: TextIO) -> int:
+    """Print the torch version, backend, devices and supported dtypes."""
+    import torch
+
+    from . import __version__, _torch
+
+    rows: list[tuple[str, str]] = [
+        ('fp16utils', __version__),
+        ('torch', _torch.TORCH_VERSION),
+        ('backend', f'{_torch.default_backend()} ({_torch.backend_reason()})'),
+    ]
+    for device_type, name in _devices():
+        dtypes = [str(d).replace('torch.', '') for d in (torch.float16, torch.bfloat16)
+                  if _torch.has_native_amp() and _torch._autocast_supported(device_type, d)]
+        rows.append((f'device {device_type}', name))
+        rows.append(('  autocast dtypes', ', '.join(dtypes) or 'none'))
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        out.write(f'{key.ljust(width)}  {value}\n')
+    return 0
+
+
+def _devices() -> list[tuple[str, str]]:
+    """(device type, description) for every device torch can see."""
+    import torch
+
+    found = [('cpu', f'{os.cpu_count() or 1} cores, {torch.get_num_threads()} torch threads')]
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            props = torch.cuda.get_device_properties(i)
+            found.append(('cuda', f'cuda:{i} {props.name}, '
+                                  f'{props.total_memory / 2**30:.0f} GiB, '
+                                  f'sm_{props.major}{props.minor}'))
+    mps = getattr(torch.backends, 'mps', None)
+    if mps is not None and mps.is_available():
+        found.append(('mps', 'Apple Metal'))
+    xpu = getattr(torch, 'xpu', None)
+    if xpu is not None and xpu.is_available():
+        found.append(('xpu', f'{xpu.device_count()} device(s)'))
+    return found
+
+
+def best_device() -> str:
+    """The fastest device present: cuda, then mps, then xpu, then cpu.
+
+    Example:
+        >>> best_device() in ('cuda', 'mps', 'xpu', 'cpu')
+        True
+    """
+    kinds = [k for k, _ in _devices()]
+    for kind in ('cuda', 'mps', 'xpu'):
+        if kind in kinds:
+            return kind
+    return 'cpu'
+
+
+# ----------------------------------------------------------------- migrate
+
+
+def load_config(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a Python config file (top-level assignments), resolving ``_base_``.
+
+    Base files are resolved relative to the file that names them and merged
+    first; the file's own values are merged into them (dicts recursively, a
+    dict with ``_delete_=True`` replaces the base one).
+
+    Args:
+        path: The config file.
+
+    Returns:
+        The config as a dict.
+
+    Raises:
+        UsageError: When the file does not exist.
+        CommandError: When it cannot be executed.
+
+    Example:
+        >>> import tempfile, os
+        >>> d = tempfile.mkdtemp()
+        >>> _ = open(os.path.join(d, 'c.py'), 'w').write('fp16 = dict(loss_scale=512.)')
+        >>> load_config(os.path.join(d, 'c.py'))
+        {'fp16': {'loss_scale': 512.0}}
+    """
+    return _load_config(Path(path), ())
+
+
+def _load_config(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
+    path = path.resolve()
+    if path in chain:
+        raise CommandError(f'{path}: _base_ files include each other in a cycle')
+    if not path.is_file():
+        if chain:
+            raise CommandError(f'{chain[-1]}: _base_ file {path} does not exist')
+        raise UsageError(f'{path}: no such config file')
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter('ignore')
+            namespace = runpy.run_path(str(path), run_name='__config__')
+    except SyntaxError as err:
+        raise CommandError(f'{path}:{err.lineno}: syntax error: {err.msg}') from None
+    except Exception as err:  # the file is the user's code: report, do not crash
+        raise CommandError(f'{path}: could not be executed: {type(err).__name__}: {err}'
+                           ) from None
+    bases = namespace.get('_base_', [])
+    if isinstance(bases, str):
+        bases = [bases]
+    merged: dict[str, Any] = {}
+    for base in bases:
+        merged = _merge(merged, _load_config(path.parent / base, (*chain, path)))
+    own = {k: v for k, v in namespace.items() if _is_config_value(k, v)}
+    return _merge(merged, own)
+
+
+def _is_config_value(key: str, value: Any) -> bool:
+    import types
+
+    if key.startswith('_'):
+        return False
+    return not isinstance(value, (types.ModuleType, types.FunctionType, type))
+
+
+def _merge(base: dict[str, Any], child: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in child.items():
+        if isinstance(value, dict) and value.get('_delete_'):
+            out[key] = {k: v for k, v in value.items() if k != '_delete_'}
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def format_config(cfg: dict[str, Any]) -> str:
+    """Write a config dict as a readable Python config file.
+
+    Dicts whose keys are identifiers are written as ``dict(key=value)``.
+
+    Example:
+        >>> print(format_config({'optim_wrapper': {'type': 'AmpOptimWrapper'}}), end='')
+        optim_wrapper = dict(type='AmpOptimWrapper')
+    """
+    lines = [f'{key} = {_format_value(value, 0)}' for key, value in cfg.items()]
+    return '\n'.join(lines) + '\n'
+
+
+def _format_value(value: Any, indent: int) -> str:
+    pad = '    ' * (indent + 1)
+    if isinstance(value, dict):
+        if not value:
+            return 'dict()'
+        if all(isinstance(k, str) and k.isidentifier() for k in value):
+            items = [f'{k}={_format_value(v, indent + 1)}' for k, v in value.items()]
+            one_line = f'dict({", ".join(items)})'
+            if len(one_line) + 4 * indent <= 80 and '\n' not in one_line:
+                return one_line
+            return 'dict(\n' + ',\n'.join(pad + i for i in items) + ')'
+        items = [f'{k!r}: {_format_value(v, indent + 1)}' for k, v in value.items()]
+        return '{\n' + ',\n'.join(pad + i for i in items) + '}'
+    if isinstance(value, (list, tuple)):
+        parts = [_format_value(v, indent + 1) for v in value]
+        open_, close = ('[', ']') if isinstance(value, list) else ('(', ')')
+        if isinstance(value, tuple) and len(value) == 1:
+            close = ',)'
+        one_line = open_ + ', '.join(parts) + close
+        if len(one_line) + 4 * indent <= 80 and '\n' not in one_line:
+            return one_line
+        return open_ + '\n' + ',\n'.join(pad + p for p in parts) + close
+    return repr(value)
+
+
+def cmd_migrate(args: argparse.Namespace, out: TextIO) -> int:
+    """Convert a 0.x config file to the 1.x style."""
+    from .migrate import convert_config_report, enable_amp
+
+    cfg = load_config(args.config)
+    converted, problems = convert_config_report(cfg)
+    if args.amp:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter('always')
+            try:
+                converted = enable_amp(converted, dtype=args.dtype)
+            except ValueError as err:
+                raise CommandError(f'{args.config}: {err}') from None
+        problems += [str(w.message) for w in caught]
+    for problem in problems:
+        sys.stderr.write(f'{args.config}: warning: {problem}\n')
+    if problems and args.strict:
+        raise CommandError(f'{args.config}: {len(problems)} problem(s) found and --strict given')
+    text = (f'# Converted from {Path(args.config).name} by `{PROG} migrate`.\n'
+            + format_config(converted))
+    if args.output:
+        Path(args.output).write_text(text, encoding='utf-8')
+        out.write(f'wrote {args.output}\n')
+    else:
+        out.write(text)
+    return 0
+
+
+# -------------------------------------------------------------------- scan
+
+
+def cmd_scan(args: argparse.Namespace, out: TextIO) -> int:
+    """Report 0.x fp16 usages under a path; with --fix rewrite the imports."""
+    from dataclasses import asdict
+
+    from .migrate import fix_imports, scan
+
+    if not os.path.exists(args.path):
+        raise UsageError(f'{args.path}: no such file or directory')
+    if args.fix or args.dry_run:
+        changes = fix_imports(args.path, dry_run=args.dry_run)
+        changed = [c for c in changes if c.changed]
+        if args.json:
+            json.dump([asdict(c) for c in changed], out, indent=2)
+            out.write('\n')
+        elif args.dry_run:
+            for change in changed:
+                out.write(change.diff)
+        else:
+            for change in changed:
+                out.write(f'fixed imports in {change.path}\n')
+        if not args.json:
+            verb = 'would change' if args.dry_run else 'changed'
+            out.write(f'{verb} {len(changed)} file(s)\n')
+        return 0
+    findings = scan(args.path)
+    if args.json:
+        json.dump([asdict(f) for f in findings], out, indent=2)
+        out.write('\n')
+    else:
+        for f in findings:
+            out.write(f'{f.path}:{f.line}:{f.col}: {f.kind}: {f.message}\n'
+                      f'    -> {f.suggestion}\n')
+        files = len({f.path for f in findings})
+        out.write(f'{len(findings)} finding(s) in {files} file(s)\n')
+    return 1 if findings else 0
+
+
+# ------------------------------------------------------------------- bench
+
+
+def cmd_bench(args: argparse.Namespace, out: TextIO) -> int:
+    """Run one of the benchmarks of a source checkout."""
+    root = Path(__file__).resolve().parent.parent / 'benchmarks'
+    script = root / f'{args.name}.py'
+    if not script.is_file():
+        available = sorted(p.stem for p in root.glob('*.py')) if root.is_dir() else []
+        if not available:
+            raise CommandError(
+                f'{root}: no benchmarks here; they ship with the source checkout '
+                '(run from a clone installed with pip install -e .)')
+        raise UsageError(f'{args.name}: no such benchmark; available: {", ".join(available)}')
+    argv = sys.argv
+    try:
+        sys.argv = [str(script), *args.rest]
+        runpy.run_path(str(script), run_name='__main__')
+    except SystemExit as stop:
+        return int(stop.code or 0)
+    finally:
+        sys.argv = argv
+    return 0
+
+
+# -------------------------------------------------------------------- demo
+
+
+def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
+    """Train a small model in fp32, AMP float16/bfloat16 and legacy; print a table."""
+    from .demo import run_demo
+
+    device = args.device or best_device()
+    results = run_demo(device=device, steps=args.steps, seed=args.seed,
+                       progress=sys.stderr.isatty(), out=out)
+    if args.plot:
+        from .demo import plot_results
+        try:
+            plot_results(results, args.plot)
+        except ImportError:
+            raise CommandError(
+                f'{args.plot}: --plot needs matplotlib; install it with '
+                "pip install 'fp16utils[plot]'") from None
+        out.write(f'wrote {args.plot}\n')
+    return 0
+
+
+# -------------------------------------------------------------------- main
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``fp16utils`` command."""
+    from . import __version__
+
+    parser = _Parser(prog=PROG, description='Mixed-precision training tools for PyTorch.')
+    parser.add_argument('--version', action='version', version=f'{PROG} {__version__}')
+    sub = parser.add_subparsers(dest='command', metavar='COMMAND', parser_class=_Parser)
+
+    demo = sub.add_parser('demo', help='train a small model in fp32, AMP and legacy modes')
+    demo.add_argument('--steps', type=_positive_int, default=100, help='steps per mode')
+    demo.add_argument('--device', default=None, help='device (default: the best present)')
+    demo.add_argument('--seed', type=int, default=0)
+    demo.add_argument('--plot', metavar='FILE.png', default=None,
+                      help='draw loss and loss scale per step (needs matplotlib)')
+    demo.set_defaults(func=cmd_demo)
+
+    env = sub.add_parser('env', help='torch version, backend, devices, supported dtypes')
+    env.set_defaults(func=cmd_env)
+
+    migrate = sub.add_parser('migrate', help='convert a 0.x config file to the 1.x style')
+    migrate.add_argument('config', help='the 0.x config (.py)')
+    migrate.add_argument('-o', '--output', help='write here instead of stdout')
+    migrate.add_argument('--amp', action='store_true',
+                         help='turn the optimizer wrapper(s) into AmpOptimWrapper')
+    migrate.add_argument('--dtype', choices=('float16', 'bfloat16'), default=None,
+                         help='with --amp: the low-precision dtype')
+    migrate.add_argument('--strict', action='store_true',
+                         help='fail (exit 1) when something cannot be converted safely')
+    migrate.set_defaults(func=cmd_migrate)
+
+    scan = sub.add_parser('scan', help='find 0.x fp16 usages in a codebase')
+    scan.add_argument('path', help='a directory or a .py file')
+    scan.add_argument('--fix', action='store_true', help='rewrite the imports to fp16utils')
+    scan.add_argument('--dry-run', action='store_true',
+                      help='with --fix: print the diff, write nothing')
+    scan.add_argument('--json', action='store_true', help='machine-readable output')
+    scan.set_defaults(func=cmd_scan)
+
+    bench = sub.add_parser('bench', help='run a benchmark of a source checkout')
+    bench.add_argument('name', help='decorators or train_step')
+    bench.add_argument('rest', nargs=argparse.REMAINDER, help='arguments for the benchmark')
+    bench.set_defaults(func=cmd_bench)
+    return parser
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'{text!r} is not an integer') from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f'{value} is not >= 1')
+    return value
+
+
+def main(argv: Optional[Sequence[str]] = None, out: Optional[TextIO] = None) -> int:
+    """Run the command line; return the exit code.
+
+    Args:
+        argv: The arguments (default: ``sys.argv[1:]``).
+        out: Where normal output goes (default: stdout).
+
+    Returns:
+        0 on success, 1 on findings or failure, 2 on a usage error.
+    """
+    out = sys.stdout if out is None else out
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        if not getattr(args, 'func', None):
+            parser.print_help(sys.stderr)
+            return 2
+        return args.func(args, out)
+    except UsageError as err:
+        sys.stderr.write(f'{PROG}: error: {err}\n')
+        return 2
+    except CommandError as err:
+        sys.stderr.write(f'{PROG}: error: {err}\n')
+        return 1
+    except KeyboardInterrupt:
+        sys.stderr.write(f'{PROG}: interrupted\n')
+        return 130
+
+
+if __name__ == '__main__':  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,534 @@
+"""Overflow diagnostics: which module or parameter went non-finite first.
+
+:func:`find_overflow` watches a model for one block of code (usually one
+forward and backward pass) and reports the first module whose output became
+inf or nan in the forward pass, the first whose output gradient became
+non-finite in the backward pass, and every parameter left with a non-finite
+``.grad``.
+
+It is a debugging tool, not something to leave on for every step: each
+checked tensor costs one device synchronisation (a ``.item()``-like read),
+and hooked modules run through PyTorch's slower hook path. Use it on the
+eager model (not inside ``torch.compile``), for the step that misbehaves.
+
+Example:
+    >>> import torch
+    >>> from torch import nn
+    >>> from fp16utils import find_overflow
+    >>> class Blowup(nn.Module):
+    ...     def forward(self, x):
+    ...         return x / 0
+    >>> model = nn.Sequential(nn.Linear(2, 2), Blowup(), nn.Linear(2, 1))
+    >>> with find_overflow(model) as report:
+    ...     model(torch.ones(1, 2)).sum().backward()
+    >>> report.first_module, report.ok
+    ('1', False)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+from collections import abc
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, Union
+
+import torch
+from torch import nn
+
+__all__ = ['NonFiniteRecord', 'OverflowReport', 'find_overflow', 'nonfinite_summary']
+
+#: Name shown for the model itself (``''`` in ``named_modules``).
+ROOT_NAME = '<root>'
+
+_FP16_MAX = float(torch.finfo(torch.float16).max)
+_MAX_DEPTH = 16  # how deep to look inside nested output containers
+
+
+@dataclasses.dataclass(frozen=True)
+class NonFiniteRecord:
+    """One tensor that held inf or nan.
+
+    Attributes:
+        kind: ``'forward-output'`` (a module's output in the forward pass),
+            ``'backward-grad'`` (the gradient with respect to a module's
+            output), ``'param-grad'`` (a parameter's ``.grad`` after the
+            block), ``'grad'`` or ``'value'`` (from :func:`nonfinite_summary`).
+        name: Qualified module or parameter name (``'<root>'`` for the model).
+        dtype: The tensor's dtype.
+        shape: The tensor's shape.
+        max_abs: Largest magnitude among its finite entries; None when no
+            entry was finite. Close to 65504 in float16 points at an overflow.
+        num_inf: How many entries were +inf or -inf.
+        num_nan: How many entries were nan.
+        numel: How many entries the tensor had.
+        path: Where the tensor sat inside the module's output: ``''`` for the
+            output itself, ``'[0]'``, ``"['logits']"``, ``'.field'``.
+        module_type: Class name of the module (empty for parameters).
+        call: For module records, which call of that module in the block it
+            was (1 for the first); 0 otherwise.
+        inputs_finite: For forward records, whether every floating-point
+            input of that call was finite (False means the values were bad
+            before this module ran; an in-place module sees its own output
+            as its input); None when not checked.
+    """
+
+    kind: str
+    name: str
+    dtype: torch.dtype
+    shape: Tuple[int, ...]
+    max_abs: Optional[float]
+    num_inf: int
+    num_nan: int
+    numel: int
+    path: str = ''
+    module_type: str = ''
+    call: int = 0
+    inputs_finite: Optional[bool] = None
+
+    @property
+    def has_inf(self) -> bool:
+        """True when the tensor held at least one inf."""
+        return self.num_inf > 0
+
+    @property
+    def has_nan(self) -> bool:
+        """True when the tensor held at least one nan."""
+        return self.num_nan > 0
+
+    @property
+    def problem(self) -> str:
+        """Short description, e.g. ``'3 inf of 8'`` or ``'2 inf, 1 nan of 8'``."""
+        parts = []
+        if self.num_inf:
+            parts.append(f'{self.num_inf} inf')
+        if self.num_nan:
+            parts.append(f'{self.num_nan} nan')
+        return f'{", ".join(parts) or "non-finite"} of {self.numel}'
+
+    @property
+    def where(self) -> str:
+        """The name with the output path, e.g. ``"head['logits']"``."""
+        return f'{self.name}{self.path}'
+
+    def to_dict(self) -> Dict[str, Any]:
+        """A JSON-serialisable dict (dtype as its name, e.g. ``'float16'``).
+
+        Example:
+            >>> rec = nonfinite_summary([torch.tensor([1.0, float('inf')])])[0]
+            >>> rec.to_dict()['dtype'], rec.to_dict()['num_inf']
+            ('float32', 1)
+        """
+        out = dataclasses.asdict(self)
+        out['dtype'] = _dtype_name(self.dtype)
+        out['shape'] = list(self.shape)
+        out['has_inf'] = self.has_inf
+        out['has_nan'] = self.has_nan
+        return out
+
+
+class OverflowReport:
+    """What :func:`find_overflow` saw; filled in while its block runs.
+
+    Attributes:
+        forward: The first module output that was non-finite, in execution
+            order (None if none was).
+        backward: The first gradient with respect to a module output that was
+            non-finite, in backward order (None if none was).
+        parameters: Parameters whose ``.grad`` was non-finite when the block
+            ended, in ``named_parameters`` order.
+        checked_outputs: How many module calls had their outputs checked.
+        checked_grads: How many output gradients were checked in backward.
+        checked_params: How many parameter gradients were checked on exit.
+        nonfinite_outputs: How many module calls produced a non-finite output.
+        nonfinite_grads: How many output gradients were non-finite.
+
+    Example:
+        >>> report = OverflowReport()
+        >>> report.ok, report.first_module
+        (True, None)
+    """
+
+    def __init__(self) -> None:
+        self.forward: Optional[NonFiniteRecord] = None
+        self.backward: Optional[NonFiniteRecord] = None
+        self.parameters: List[NonFiniteRecord] = []
+        self.checked_outputs = 0
+        self.checked_grads = 0
+        self.checked_params = 0
+        self.nonfinite_outputs = 0
+        self.nonfinite_grads = 0
+        self._lock = threading.Lock()
+
+    @property
+    def ok(self) -> bool:
+        """True when no non-finite value was found anywhere."""
+        return (self.forward is None and self.backward is None and not self.parameters)
+
+    @property
+    def first_module(self) -> Optional[str]:
+        """Name of the first module whose output (else output gradient) went bad.
+
+        The forward pass wins: when some module output was non-finite, this is
+        that module; otherwise the first module whose output gradient was
+        non-finite in backward; None when neither happened.
+        """
+        if self.forward is not None:
+            return self.forward.name
+        if self.backward is not None:
+            return self.backward.name
+        return None
+
+    @property
+    def records(self) -> List[NonFiniteRecord]:
+        """The forward record, the backward record, then the parameter records."""
+        return [r for r in (self.forward, self.backward) if r is not None] + list(
+            self.parameters)
+
+    def to_dict(self) -> Dict[str, Any]:
+        """A JSON-serialisable summary.
+
+        Example:
+            >>> sorted(OverflowReport().to_dict())[:3]
+            ['backward', 'checked_grads', 'checked_outputs']
+        """
+        return {
+            'ok': self.ok,
+            'first_module': self.first_module,
+            'forward': None if self.forward is None else self.forward.to_dict(),
+            'backward': None if self.backward is None else self.backward.to_dict(),
+            'parameters': [p.to_dict() for p in self.parameters],
+            'checked_outputs': self.checked_outputs,
+            'checked_grads': self.checked_grads,
+            'checked_params': self.checked_params,
+            'nonfinite_outputs': self.nonfinite_outputs,
+            'nonfinite_grads': self.nonfinite_grads,
+        }
+
+    def hints(self) -> List[str]:
+        """Suggestions that follow from what was found (may be empty)."""
+        out = []
+        fwd, bwd = self.forward, self.backward
+        if fwd is not None and fwd.inputs_finite is False:
+            out.append(
+                f'the inputs of {fwd.where!r} were already non-finite: the values went '
+                'bad before it ran, in the data or in code that is not a submodule '
+                "(a functional op in the parent's forward).")
+        if fwd is not None and fwd.dtype == torch.float16 and fwd.has_inf:
+            out.append(
+                f'float16 cannot hold magnitudes above {_FP16_MAX:g}; run {fwd.name!r} '
+                'in float32 (@force_fp32, or torch.autocast(..., enabled=False) around '
+                'it), scale its inputs down, or train in bfloat16.')
+        if fwd is None and bwd is not None and bwd.dtype == torch.float16:
+            out.append(
+                'gradients overflowed float16 in backward: with a dynamic loss scale '
+                'an occasional overflow is expected (the step is skipped and the scale '
+                'lowered); if it happens every step, lower the initial loss scale.')
+        return out
+
+    def __str__(self) -> str:
+        if self.ok:
+            return (f'find_overflow: no non-finite values found (checked '
+                    f'{self.checked_outputs} module outputs, {self.checked_grads} output '
+                    f'gradients, {self.checked_params} parameter gradients)')
+        first = self.first_module
+        title = 'find_overflow: non-finite values found'
+        if first is not None:
+            kind = 'forward-output' if self.forward is not None else 'backward-grad'
+            title += f'; first module: {first!r} ({kind})'
+        header = ('where', 'module/parameter', 'dtype', 'shape', 'max |value|', 'problem')
+        rows = [header] + [
+            (r.kind, r.where, _dtype_name(r.dtype), str(tuple(r.shape)),
+             '-' if r.max_abs is None else f'{r.max_abs:.4g}', r.problem)
+            for r in self.records]
+        widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+        lines = [title]
+        for i, row in enumerate(rows):
+            lines.append('  '.join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+            if i == 0:
+                lines.append('  '.join('-' * w for w in widths))
+        lines.append(
+            f'checked {self.checked_outputs} module calls ({self.nonfinite_outputs} with '
+            f'non-finite outputs), {self.checked_grads} output gradients '
+            f'({self.nonfinite_grads} non-finite), {self.checked_params} parameter '
+            f'gradients ({len(self.parameters)} non-finite); only the first module of '
+            'each kind is listed')
+        lines.extend(f'hint: {h}' for h in self.hints())
+        return '\n'.join(lines)
+
+    def __repr__(self) -> str:
+        return (f'OverflowReport(ok={self.ok}, first_module={self.first_module!r}, '
+                f'parameters={[p.name for p in self.parameters]})')
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace('torch.', '')
+
+
+def _checkable(t: Any) -> bool:
+    return (isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex())
+            and t.layout == torch.strided and t.device.type != 'meta')
+
+
+def _iter_tensors(obj: Any, path: str = '', depth: int = 0
+                  ) -> Iterator[Tuple[str, torch.Tensor]]:
+    """Yield ``(path, tensor)`` for every float tensor inside ``obj``."""
+    if isinstance(obj, torch.Tensor):
+        if _checkable(obj):
+            yield path, obj
+        return
+    if depth >= _MAX_DEPTH or isinstance(obj, (str, bytes)):
+        return
+    if isinstance(obj, abc.Mapping):
+        for key, value in obj.items():
+            yield from _iter_tensors(value, f'{path}[{key!r}]', depth + 1)
+    elif isinstance(obj, tuple) and hasattr(obj, '_fields'):
+        for key, value in zip(obj._fields, obj):
+            yield from _iter_tensors(value, f'{path}.{key}', depth + 1)
+    elif isinstance(obj, (list, tuple)):
+        for i, value in enumerate(obj):
+            yield from _iter_tensors(value, f'{path}[{i}]', depth + 1)
+
+
+def _finite_flags(tensors: List[torch.Tensor]) -> List[bool]:
+    """Whether each tensor is all-finite, with one device read per device."""
+    if not tensors:
+        return []
+    with torch.no_grad():
+        by_device: Dict[torch.device, List[int]] = {}
+        for i, t in enumerate(tensors):
+            by_device.setdefault(t.device, []).append(i)
+        flags = [True] * len(tensors)
+        for idx in by_device.values():
+            stacked = torch.stack([torch.isfinite(tensors[i].detach()).all() for i in idx])
+            for i, flag in zip(idx, stacked.tolist()):
+                flags[i] = bool(flag)
+    return flags
+
+
+def _describe_tensor(t: torch.Tensor, **fields: Any) -> NonFiniteRecord:
+    """Build the record of a tensor known to hold a non-finite value."""
+    dtype, shape, numel = t.dtype, tuple(t.shape), t.numel()
+    with torch.no_grad():
+        values = t.detach()
+        if values.is_complex():  # judged on the real and imaginary parts
+            values = torch.view_as_real(values)
+        finite = torch.isfinite(values)
+        mag = values.abs().float()
+        # Only called for tensors holding a non-finite value, so numel > 0.
+        max_abs = torch.where(finite, mag, torch.zeros_like(mag)).amax()
+        num_inf, num_nan, any_finite = torch.stack([
+            torch.isinf(values).sum(), torch.isnan(values).sum(),
+            finite.any().long()]).tolist()
+        top = max_abs.item()
+    return NonFiniteRecord(dtype=dtype, shape=shape, numel=numel,
+                           max_abs=float(top) if any_finite else None,
+                           num_inf=int(num_inf), num_nan=int(num_nan), **fields)
+
+
+_Named = Union[torch.Tensor, Tuple[str, torch.Tensor]]
+
+
+def nonfinite_summary(tensors: Union[nn.Module, abc.Mapping, Iterable[_Named]], *,
+                      grads: bool = False) -> List[NonFiniteRecord]:
+    """Describe the tensors (or their gradients) that hold inf or nan.
+
+    Args:
+        tensors: A module (its named parameters are used), a mapping of names
+            to tensors, an iterable of ``(name, tensor)`` pairs such as
+            ``model.named_parameters()``, or an iterable of tensors (named by
+            position, ``'0'``, ``'1'``, ...). Non-tensors and integer tensors
+            are skipped.
+        grads: Judge each tensor's ``.grad`` rather than its value (tensors
+            without a gradient are skipped).
+
+    Returns:
+        One :class:`NonFiniteRecord` per non-finite tensor, in input order;
+        empty when everything is finite. ``kind`` is ``'param-grad'`` (module
+        given with ``grads=True``), ``'grad'`` or ``'value'``.
+
+    Example:
+        >>> import torch
+        >>> bad = nonfinite_summary({'a': torch.ones(2), 'b': torch.tensor([float('nan')])})
+        >>> [(r.name, r.num_nan) for r in bad]
+        [('b', 1)]
+    """
+    if isinstance(tensors, nn.Module):
+        pairs: Iterable[Any] = tensors.named_parameters()
+        kind = 'param-grad' if grads else 'value'
+    else:
+        pairs = tensors.items() if isinstance(tensors, abc.Mapping) else tensors
+        kind = 'grad' if grads else 'value'
+    named: List[Tuple[str, torch.Tensor]] = []
+    for i, item in enumerate(pairs):
+        if (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)):
+            name, tensor = item
+        else:
+            name, tensor = str(i), item
+        if grads and isinstance(tensor, torch.Tensor):
+            tensor = tensor.grad
+            if tensor is not None and tensor.is_sparse:
+                tensor = tensor.coalesce().values()
+        if _checkable(tensor):
+            named.append((name, tensor))
+    flags = _finite_flags([t for _, t in named])
+    return [_describe_tensor(t, kind=kind, name=name)
+            for (name, t), ok in zip(named, flags) if not ok]
+
+
+class _Watcher:
+    """The hooks of one :func:`find_overflow` block."""
+
+    def __init__(self, report: OverflowReport, check_outputs: bool,
+                 check_grads: bool) -> None:
+        self.report = report
+        self.check_outputs = check_outputs
+        self.check_grads = check_grads
+        self.handles: List[Any] = []
+        self.calls: Dict[str, int] = {}
+        self.active = True
+        # Set under the report's lock by the hook that records the first
+        # forward (backward) event, so concurrent hooks cannot both record.
+        self.claimed_forward = False
+        self.claimed_backward = False
+
+    def forward_hook(self, name: str, module: nn.Module, args: Any, kwargs: Any,
+                     output: Any) -> None:
+        if not self.active:
+            return
+        report = self.report
+        with report._lock:
+            call = self.calls[name] = self.calls.get(name, 0) + 1
+        tensors = list(_iter_tensors(output))
+        if self.check_grads and torch.is_grad_enabled():
+            for path, t in tensors:
+                if t.requires_grad:
+                    self.handles.append(t.register_hook(
+                        self._grad_hook(name, type(module).__name__, path, call)))
+        if not self.check_outputs or not tensors:
+            return
+        flags = _finite_flags([t for _, t in tensors])
+        with report._lock:
+            report.checked_outputs += 1
+            if all(flags):
+                return
+            report.nonfinite_outputs += 1
+            if self.claimed_forward:
+                return
+            self.claimed_forward = True
+        path, bad = next(pt for pt, ok in zip(tensors, flags) if not ok)
+        inputs = [t for _, t in _iter_tensors((args, kwargs or {}))]
+        report.forward = _describe_tensor(
+            bad, kind='forward-output', name=name, path=path,
+            module_type=type(module).__name__, call=call,
+            inputs_finite=all(_finite_flags(inputs)))
+
+    def _grad_hook(self, name: str, module_type: str, path: str, call: int) -> Any:
+        def hook(grad: torch.Tensor) -> None:
+            if not self.active or not _checkable(grad):
+                return
+            finite = _finite_flags([grad])[0]
+            report = self.report
+            with report._lock:
+                report.checked_grads += 1
+                if finite:
+                    return
+                report.nonfinite_grads += 1
+                if self.claimed_backward:
+                    return
+                self.claimed_backward = True
+            report.backward = _describe_tensor(
+                grad, kind='backward-grad', name=name, path=path,
+                module_type=module_type, call=call)
+        return hook
+
+    def attach(self, model: nn.Module) -> None:
+        for qualname, module in model.named_modules():
+            if isinstance(module, torch.jit.ScriptModule):
+                continue  # scripted modules take no Python hooks
+            name = qualname or ROOT_NAME
+            hook = _bind(self.forward_hook, name)
+            try:
+                handle = module.register_forward_hook(hook, with_kwargs=True)
+            except TypeError:  # torch < 2.0: no with_kwargs
+                handle = module.register_forward_hook(
+                    lambda m, a, o, _h=hook: _h(m, a, None, o))
+            self.handles.append(handle)
+
+    def detach(self) -> None:
+        self.active = False
+        handles, self.handles = self.handles, []
+        for handle in handles:
+            handle.remove()
+
+
+def _bind(method: Any, name: str) -> Any:
+    def hook(module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+        method(name, module, args, kwargs, output)
+    return hook
+
+
+@contextlib.contextmanager
+def find_overflow(model: nn.Module, *, check_grads: bool = True,
+                  check_outputs: bool = True) -> Iterator[OverflowReport]:
+    """Find the first module and the parameters that produce inf or nan.
+
+    Inside the block, a forward hook on every submodule checks its outputs
+    (tensors inside tuples, lists, dicts and namedtuples too) and registers a
+    gradient hook on each output tensor that requires grad, which checks the
+    gradient with respect to that output in backward. Tensor hooks are used
+    rather than ``register_full_backward_hook`` because the latter fails when
+    a later in-place op (``nn.ReLU(inplace=True)``) modifies a hooked output.
+    On exit every hook is removed (also when the block raises) and the
+    parameters whose ``.grad`` is non-finite are listed.
+
+    Debugging tool: every checked tensor costs a device synchronisation. Run
+    it for the step that goes wrong, on the eager model, with gradients
+    zeroed (or None) beforehand so that stale gradients are not reported.
+
+    Args:
+        model: The model to watch (all of ``model.named_modules()``).
+        check_grads: Check output gradients in backward and parameter
+            gradients on exit.
+        check_outputs: Check module outputs in forward.
+
+    Yields:
+        An :class:`OverflowReport`, filled in as the block runs; print it, or
+        read ``report.first_module``, ``report.ok`` and ``report.to_dict()``.
+
+    Raises:
+        TypeError: When ``model`` is not an ``nn.Module``.
+
+    Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> model = nn.Sequential(nn.Linear(2, 2), nn.ReLU(inplace=True))
+        >>> with find_overflow(model) as report:
+        ...     model(torch.ones(1, 2)).sum().backward()
+        >>> report.ok, str(report).startswith('find_overflow: no non-finite values found')
+        (True, True)
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(
+            f'find_overflow() watches an nn.Module, got {type(model).__name__}; pass '
+            'the model (or the submodule) whose forward and backward you run in the '
+            'block.')
+    report = OverflowReport()
+    watcher = _Watcher(report, check_outputs, check_grads)
+    raised = True
+    try:
+        watcher.attach(model)
+        yield report
+        raised = False
+    finally:
+        watcher.detach()
+        if check_grads:
+            try:
+                report.checked_params = sum(
+                    p.grad is not None for p in model.parameters())
+                report.parameters = nonfinite_summary(model, grads=True)
+            except Exception:
+                if not raised:
+                    raise
+                # Never hide the exception that is already propagating.
+

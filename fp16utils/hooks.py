@@ -1,0 +1,437 @@
+"""0.x-style training hooks: ``Fp16OptimizerHook`` and ``GradientCumulativeFp16OptimizerHook``.
+
+The hooks take mmcv's arguments and drive any runner object that has
+``model``, ``optimizer``, ``outputs['loss']``, ``meta`` (a dict or None),
+``logger``, ``log_buffer`` (with ``update(dict, count)``), ``iter`` and
+``max_iters``; the runner calls ``before_run(runner)`` once and
+``after_train_iter(runner)`` after each forward.
+
+Native backend: the hook calls ``wrap_fp16_model(runner.model)`` (the model's
+``@auto_fp16`` / ``@force_fp32`` methods switch on and autocast themselves)
+and scales the loss with ``torch.amp.GradScaler``. Legacy backend: the model
+is converted to half, the optimizer steps float32 master copies of the
+parameters, and :class:`~fp16utils.LossScaler` decides when a step is skipped.
+The scaler state is kept in ``runner.meta['fp16']['loss_scaler']`` and
+restored from it; on the legacy backend the float32 masters are kept in
+``runner.meta['fp16']['master_params']`` too, so that a resumed run continues
+from exactly the same weights.
+
+Example:
+    >>> import torch
+    >>> from torch import nn
+    >>> from fp16utils import Fp16OptimizerHook
+    >>> class Runner:  # the smallest runner the hook drives
+    ...     def __init__(self, model):
+    ...         self.model, self.meta, self.iter, self.max_iters = model, {}, 0, 1
+    ...         self.optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    ...         self.logger = None
+    >>> runner = Runner(nn.Linear(2, 1))
+    >>> hook = Fp16OptimizerHook(loss_scale='dynamic')
+    >>> hook.before_run(runner)
+    >>> runner.outputs = {'loss': runner.model(torch.ones(1, 2)).sum()}
+    >>> hook.after_train_iter(runner)
+    >>> runner.meta['fp16']['loss_scaler']['scale'], hook.skipped_steps
+    (65536.0, 0)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, List, Mapping, Optional, Tuple, Union
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from . import _torch
+from .optim import (
+    _MMCV_DYNAMIC,
+    _TORCH_DYNAMIC,
+    _check_state_keys,
+    _clip,
+    _Engine,
+    _LegacyEngine,
+    _NativeEngine,
+    _parse_clip_grad,
+    _parse_loss_scale,
+    _ScaleSpec,
+)
+from .wrap import wrap_fp16_model
+
+__all__ = ['Fp16OptimizerHook', 'GradientCumulativeFp16OptimizerHook']
+
+
+def _flat(optimizer: torch.optim.Optimizer) -> List[Any]:
+    return [p for group in optimizer.param_groups for p in group['params']]
+
+
+def _world_size() -> int:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    return 1
+
+
+def _buckets(tensors: List[torch.Tensor], bucket_size_mb: float) -> List[List[torch.Tensor]]:
+    """Group ``tensors`` by device and dtype, split into buckets of at most ``bucket_size_mb``."""
+    buckets: List[List[torch.Tensor]] = []
+    limit = bucket_size_mb * 1024 * 1024 if bucket_size_mb > 0 else None
+    for _, group in _torch.group_by_device_and_dtype(tensors):
+        if limit is None:
+            buckets.append(group)
+            continue
+        bucket: List[torch.Tensor] = []
+        size = 0
+        for tensor in group:
+            nbytes = tensor.numel() * tensor.element_size()
+            if bucket and size + nbytes > limit:
+                buckets.append(bucket)
+                bucket, size = [], 0
+            bucket.append(tensor)
+            size += nbytes
+        if bucket:
+            buckets.append(bucket)
+    return buckets
+
+
+def _allreduce_grads(params: List[Any], coalesce: bool = True,
+                     bucket_size_mb: float = -1) -> None:
+    """Average the gradients of ``params`` over all processes (``torch.distributed``).
+
+    Does nothing unless a process group is initialised with more than one
+    process. With ``coalesce`` the gradients are flattened into one buffer
+    per device and dtype (or per bucket of ``bucket_size_mb`` when > 0) and
+    reduced with one ``all_reduce`` each; otherwise one ``all_reduce`` per
+    gradient.
+
+    Args:
+        params: Parameters whose gradients to average (those without a
+            gradient, or not requiring one, are left out).
+        coalesce: Reduce flattened buckets instead of single tensors.
+        bucket_size_mb: Bucket size limit in MiB; <= 0 means one bucket per
+            device and dtype.
+
+    Example:
+        >>> import torch
+        >>> p = torch.nn.Parameter(torch.ones(2)); p.grad = torch.ones(2)
+        >>> _allreduce_grads([p])  # a single process: nothing to do
+        >>> p.grad.tolist()
+        [1.0, 1.0]
+    """
+    world_size = _world_size()
+    if world_size <= 1:
+        return
+    grads = [p.grad for p in params if p.requires_grad and p.grad is not None]
+    if not grads:
+        return
+    if not coalesce:
+        torch._foreach_div_(grads, float(world_size))
+        for grad in grads:
+            dist.all_reduce(grad)
+        return
+    for bucket in _buckets(grads, bucket_size_mb):
+        flat = _flatten_dense_tensors(bucket)
+        dist.all_reduce(flat)
+        flat.div_(world_size)
+        torch._foreach_copy_(bucket, list(_unflatten_dense_tensors(flat, bucket)))
+
+
+class Fp16OptimizerHook:
+    """mmcv's ``Fp16OptimizerHook``: fp16 backward, scaling, clipping and the update.
+
+    After each training iteration the hook zeroes the gradients, backwards
+    ``runner.outputs['loss']`` scaled by the loss scale, unscales the
+    gradients, clips them (logging ``grad_norm`` in ``runner.log_buffer``)
+    and steps the optimizer, unless a gradient holds an inf or a nan: then
+    the step is skipped (parameters and optimizer state untouched), the scale
+    backs off and a line is logged. The scaler state is saved to
+    ``runner.meta['fp16']['loss_scaler']`` and restored from it in
+    :meth:`before_run`; an mmcv ``LossScaler`` state loads on both backends.
+
+    Args:
+        grad_clip: None or ``dict(max_norm=..., norm_type=2)`` (or
+            ``dict(type='value', clip_value=...)``).
+        coalesce: Legacy backend, distributed: all-reduce flattened buckets.
+        bucket_size_mb: Legacy backend, distributed: bucket size (<= 0: one
+            bucket per device and dtype).
+        loss_scale: A number (a static scale), ``'dynamic'`` (GradScaler's
+            defaults on the native backend, mmcv LossScaler's on the legacy
+            one), or a dict of scaler arguments (GradScaler's or LossScaler's
+            names). Anything else is a ValueError.
+        distributed: Legacy backend: average the master gradients over
+            processes when a process group with several processes is running.
+        dtype: The low-precision dtype (float16 by default; bfloat16 needs no
+            loss scaling and gets none).
+        backend: ``'native'``, ``'legacy'`` or None for the default.
+
+    Attributes:
+        skipped_steps: Steps skipped for non-finite gradients.
+        scale_history: ``(iteration, scale)`` at the start and at each change
+            of the scale (iterations counted from 1).
+
+    Example:
+        >>> hook = Fp16OptimizerHook(loss_scale=512., grad_clip=dict(max_norm=35))
+        >>> hook.loss_scale
+        512.0
+    """
+
+    priority = 'ABOVE_NORMAL'
+
+    def __init__(self, grad_clip: Optional[Mapping[str, Any]] = None, coalesce: bool = True,
+                 bucket_size_mb: float = -1,
+                 loss_scale: Union[str, float, Mapping[str, Any]] = 512.,
+                 distributed: bool = True, *, dtype: Union[torch.dtype, str, None] = None,
+                 backend: Optional[str] = None) -> None:
+        owner = type(self).__name__
+        self.grad_clip = dict(grad_clip) if grad_clip is not None else None
+        self._clip = _parse_clip_grad(grad_clip, owner)
+        self.backend = _torch.resolve_backend(backend)
+        self.dtype = _torch.resolve_dtype(dtype)
+        dynamic = _TORCH_DYNAMIC if self.backend == 'native' else _MMCV_DYNAMIC
+        self._spec: _ScaleSpec = _parse_loss_scale(loss_scale, owner, dynamic)
+        self.coalesce = bool(coalesce)
+        self.bucket_size_mb = bucket_size_mb
+        self.distributed = bool(distributed)
+        self._engine: Optional[_Engine] = None
+        self._optimizer: Optional[torch.optim.Optimizer] = None
+        self._grad_norm: Optional[torch.Tensor] = None
+        self._clip_call: Optional[Callable[[], None]] = None
+        self._model_only: List[nn.Parameter] = []
+
+    # -- read-only state --------------------------------------------------------------------
+
+    @property
+    def loss_scaler(self) -> Any:
+        """The GradScaler (native) or LossScaler (legacy); None before :meth:`before_run`."""
+        engine = self._engine
+        if engine is None:
+            return None
+        return engine.scaler if isinstance(engine, _NativeEngine) else engine.loss_scaler
+
+    @property
+    def loss_scale(self) -> float:
+        """The current loss scale (no device sync)."""
+        engine = self._engine
+        if engine is None:
+            needs = self._spec.enabled and _torch.needs_loss_scaling(self.dtype)
+            return self._spec.init_scale if needs else 1.0
+        return engine.loss_scale
+
+    @property
+    def skipped_steps(self) -> int:
+        """Steps skipped because a gradient held an inf or a nan."""
+        return 0 if self._engine is None else self._engine.skipped_steps
+
+    @property
+    def scale_history(self) -> List[Tuple[int, float]]:
+        """``(iteration, scale)`` at the start and at each change of the loss scale."""
+        return [] if self._engine is None else self._engine.scale_history
+
+    # -- hook stages ------------------------------------------------------------------------
+
+    def before_run(self, runner: Any) -> None:
+        """Prepare the model (and the masters), then resume the scaler from ``runner.meta``."""
+        owner = type(self).__name__
+        optimizer = runner.optimizer
+        model = runner.model
+        engine = self._engine
+        if engine is not None and optimizer is self._optimizer:
+            pass  # a second run with the same optimizer: already prepared
+        elif self.backend == 'legacy':
+            engine = _LegacyEngine(optimizer, self._spec, self.dtype, owner)
+            if self.distributed:
+                engine.reduce = self._reduce
+            wrap_fp16_model(model, self.dtype, backend='legacy')
+        else:
+            wrap_fp16_model(model, self.dtype, backend='native')
+            first = optimizer.param_groups[0]['params'][0]
+            engine = _NativeEngine(self._spec, self.dtype, lambda: first.device.type)
+        self._engine = engine
+        self._optimizer = optimizer
+        self._clip_call = self._make_clip(model, engine)
+        held = {id(p) for p in _flat(optimizer)}
+        self._model_only = [p for p in model.parameters() if id(p) not in held]
+        fp16_meta = (runner.meta or {}).get('fp16') or {}
+        step = int(getattr(runner, 'iter', 0) or 0)
+        state = fp16_meta.get('loss_scaler')
+        if state:
+            _check_state_keys(state, owner)
+            engine.load_state_dict(state, step, owner)
+        if isinstance(engine, _LegacyEngine) and fp16_meta.get('master_params') is not None:
+            engine.load_masters(fp16_meta['master_params'], owner)
+
+    def _reduce(self, masters: List[nn.Parameter]) -> None:
+        if _world_size() > 1:
+            _allreduce_grads(masters, self.coalesce, self.bucket_size_mb)
+
+    def _zero_grad(self, runner: Any) -> None:
+        """Clear the gradients of the model and of the optimizer (as mmcv does).
+
+        The model's parameters that the optimizer does not hold were listed
+        once in :meth:`before_run`, so this costs no walk over the modules.
+        """
+        runner.optimizer.zero_grad()
+        for p in self._model_only:
+            p.grad = None
+
+    def _make_clip(self, model: nn.Module, engine: _Engine) -> Optional[Callable[[], None]]:
+        """The clipping closure: the masters (legacy) or the model's parameters (native)."""
+        clip = self._clip
+        if clip is None:
+            return None
+        params = engine.masters if isinstance(engine, _LegacyEngine) else list(model.parameters())
+
+        def clip_grads() -> None:
+            self._grad_norm = _clip(params, clip)
+        return clip_grads
+
+    def _update(self, runner: Any) -> None:
+        """Unscale, clip, step (or skip), update the scale, log, save the scaler state."""
+        engine = self._require_engine(runner)
+        self._grad_norm = None
+        step = int(runner.iter) + 1
+        old = engine.loss_scale
+        skipped = engine.step(runner.optimizer, self._clip_call, step, {})
+        if self._grad_norm is not None:
+            log_buffer = getattr(runner, 'log_buffer', None)
+            if log_buffer is not None:
+                outputs = getattr(runner, 'outputs', None) or {}
+                log_buffer.update({'grad_norm': float(self._grad_norm)},
+                                  outputs.get('num_samples', 1))
+        if skipped:
+            run_logger = getattr(runner, 'logger', None)
+            if run_logger is not None:
+                run_logger.warning(
+                    f'Check overflow at iteration {step}: gradients are not finite, update '
+                    f'skipped; loss scale {old} -> {engine.loss_scale}.')
+        self._save_state(runner, engine)
+
+    def _save_state(self, runner: Any, engine: _Engine) -> None:
+        if runner.meta is None:
+            runner.meta = {}
+        fp16 = runner.meta.setdefault('fp16', {})
+        fp16['loss_scaler'] = engine.state_dict()
+        if isinstance(engine, _LegacyEngine):
+            fp16['master_params'] = engine.masters
+
+    def _require_engine(self, runner: Any) -> _Engine:
+        engine = self._engine
+        if engine is None or runner.optimizer is not self._optimizer:
+            raise RuntimeError(
+                f'{type(self).__name__}.before_run(runner) has not been called with this '
+                "runner's optimizer; register the hook before the run starts, or call "
+                'before_run(runner) yourself.')
+        return engine
+
+    def after_train_iter(self, runner: Any) -> None:
+        """Backward the scaled loss and update the parameters (or skip on overflow)."""
+        engine = self._require_engine(runner)
+        self._zero_grad(runner)
+        engine.backward(runner.outputs['loss'])
+        self._update(runner)
+
+    # -- the other stages of an mmcv hook, so that a generic runner can call them ----------
+
+    def after_run(self, runner: Any) -> None:
+        """Nothing to do."""
+
+    def before_epoch(self, runner: Any) -> None:
+        """Nothing to do."""
+
+    def after_epoch(self, runner: Any) -> None:
+        """Nothing to do."""
+
+    def before_iter(self, runner: Any) -> None:
+        """Nothing to do."""
+
+    def after_iter(self, runner: Any) -> None:
+        """Nothing to do."""
+
+    before_train_epoch = before_epoch
+    after_train_epoch = after_epoch
+    before_val_epoch = before_epoch
+    after_val_epoch = after_epoch
+    before_train_iter = before_iter
+    before_val_iter = before_iter
+    after_val_iter = after_iter
+
+    def __repr__(self) -> str:
+        return (f'{type(self).__name__}(backend={self.backend!r}, dtype={self.dtype}, '
+                f'loss_scale={self.loss_scale}, grad_clip={self.grad_clip})')
+
+
+class GradientCumulativeFp16OptimizerHook(Fp16OptimizerHook):
+    """mmcv's ``GradientCumulativeFp16OptimizerHook``: fp16 training with gradient accumulation.
+
+    The loss of each iteration is divided by ``cumulative_iters`` and
+    backwarded; every ``cumulative_iters`` iterations (and at the last one)
+    the accumulated gradients are unscaled, clipped and applied as in
+    :class:`Fp16OptimizerHook`. When ``runner.max_iters`` is not a multiple
+    of ``cumulative_iters``, the last, shorter window is divided by its own
+    length.
+
+    Args:
+        cumulative_iters: Iterations accumulated per update (int >= 1).
+        **kwargs: The arguments of :class:`Fp16OptimizerHook`.
+
+    Example:
+        >>> hook = GradientCumulativeFp16OptimizerHook(cumulative_iters=4, loss_scale='dynamic')
+        >>> hook.cumulative_iters
+        4
+    """
+
+    def __init__(self, cumulative_iters: int = 1, **kwargs: Any) -> None:
+        if (isinstance(cumulative_iters, bool) or not isinstance(cumulative_iters, int)
+                or cumulative_iters < 1):
+            raise ValueError(f'{type(self).__name__}: cumulative_iters must be an int >= 1, '
+                             f'got {cumulative_iters!r}.')
+        super().__init__(**kwargs)
+        self.cumulative_iters = cumulative_iters
+        self.divisible_iters = 0
+        self.remainder_iters = 0
+        self.initialized = False
+
+    def _init(self, runner: Any) -> None:
+        run_logger = getattr(runner, 'logger', None)
+        if runner.iter % self.cumulative_iters != 0 and run_logger is not None:
+            run_logger.warning(
+                f'Resumed at iteration {runner.iter}, which is not a multiple of '
+                f'cumulative_iters={self.cumulative_iters}: the gradients of the interrupted '
+                'accumulation window are lost.')
+        if self.cumulative_iters > 1 and run_logger is not None and any(
+                isinstance(m, _BatchNorm) for m in runner.model.modules()):
+            run_logger.warning(
+                'Gradient accumulation with BatchNorm layers: the statistics come from the '
+                'small batches, so results may differ slightly from one large batch.')
+        self.divisible_iters = (runner.max_iters // self.cumulative_iters
+                                * self.cumulative_iters)
+        self.remainder_iters = runner.max_iters - self.divisible_iters
+        self.initialized = True
+
+    def before_run(self, runner: Any) -> None:
+        """As :meth:`Fp16OptimizerHook.before_run`; the window bookkeeping starts afresh."""
+        super().before_run(runner)
+        self.initialized = False
+
+    def after_train_iter(self, runner: Any) -> None:
+        """Accumulate the scaled loss; update every ``cumulative_iters`` iterations."""
+        engine = self._require_engine(runner)
+        if not self.initialized:
+            self._init(runner)
+        it = runner.iter
+        if it < self.divisible_iters or self.remainder_iters == 0:
+            factor = self.cumulative_iters
+        else:
+            factor = self.remainder_iters
+        loss = runner.outputs['loss']
+        if factor != 1:
+            loss = loss / factor
+        engine.backward(loss)
+        if (it + 1) % self.cumulative_iters == 0 or it + 1 == runner.max_iters:
+            self._update(runner)
+            self._zero_grad(runner)
+
+    def __repr__(self) -> str:
+        return (f'{type(self).__name__}(cumulative_iters={self.cumulative_iters}, '
+                f'backend={self.backend!r}, dtype={self.dtype}, loss_scale={self.loss_scale}, '
+                f'grad_clip={self.grad_clip})')

@@ -1,0 +1,392 @@
+"""The ``fp16utils`` command, run as a user runs it: through a subprocess."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from fp16utils import cli
+from fp16utils.optim import AmpOptimWrapper, OptimWrapperDict, build_optim_wrapper
+
+FIXTURES = Path(__file__).parent / 'fixtures' / 'legacy_codebase'
+
+
+def run(*args: str, cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONWARNINGS='error::DeprecationWarning', OMP_NUM_THREADS='1')
+    env.pop('FP16UTILS_BACKEND', None)
+    return subprocess.run([sys.executable, '-m', 'fp16utils', *args], capture_output=True,
+                          text=True, cwd=cwd, env=env, timeout=timeout)
+
+
+def call(*args: str) -> SimpleNamespace:
+    """Run the command in this process (same code path as the console script)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main(list(args))
+    return SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess | SimpleNamespace,
+                          *needles: str) -> None:
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert 'Traceback' not in proc.stderr
+    assert lines[0].startswith('fp16utils: error: ')
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(textwrap.dedent(text), encoding='utf-8')
+    return path
+
+
+# ------------------------------------------------------------------ usage
+
+
+def test_no_command_is_a_usage_error():
+    proc = run()
+    assert proc.returncode == 2
+    assert 'demo' in proc.stderr and 'migrate' in proc.stderr  # the help lists commands
+
+
+def test_unknown_command_is_one_line_usage_error():
+    proc = run('frobnicate')
+    assert proc.returncode == 2
+    assert_one_line_error(proc, 'frobnicate')
+
+
+def test_bad_option_value_is_one_line_usage_error():
+    proc = call('demo', '--steps', '0')
+    assert proc.returncode == 2
+    assert_one_line_error(proc, '--steps', '0')
+
+
+def test_version():
+    proc = run('--version')
+    from fp16utils import __version__
+    assert proc.returncode == 0
+    assert proc.stdout.strip() == f'fp16utils {__version__}'
+
+
+def test_console_script_is_installed():
+    exe = shutil.which('fp16utils')
+    if exe is None:
+        pytest.skip('the fp16utils console script is not on PATH (package not pip-installed)')
+    proc = subprocess.run([exe, 'env'], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0
+    assert 'backend' in proc.stdout
+
+
+# -------------------------------------------------------------------- env
+
+
+def test_env_reports_torch_backend_and_cpu_dtypes():
+    proc = run('env')
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert torch.__version__ in out
+    assert 'native' in out and 'native AMP' in out
+    cpu_block = out.split('device cpu', 1)[1].splitlines()[1]
+    assert 'float16' in cpu_block and 'bfloat16' in cpu_block
+    assert proc.stderr == ''
+
+
+def test_env_reports_forced_legacy_backend_and_why():
+    env = dict(os.environ, FP16UTILS_BACKEND='legacy')
+    proc = subprocess.run([sys.executable, '-m', 'fp16utils', 'env'], capture_output=True,
+                          text=True, env=env, timeout=60)
+    assert proc.returncode == 0
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith('backend'))
+    assert 'legacy' in line and 'FP16UTILS_BACKEND=legacy' in line
+
+
+# ---------------------------------------------------------------- migrate
+
+
+def test_migrate_resolves_base_relative_to_the_file_and_writes_output(tmp_path):
+    base_dir = tmp_path / 'configs' / '_base_'
+    base_dir.mkdir(parents=True)
+    write(base_dir / 'schedule.py', """
+        optimizer = dict(type='SGD', lr=0.02, momentum=0.9)
+        optimizer_config = dict(grad_clip=None)
+        total_epochs = 12
+        """)
+    cfg = write(tmp_path / 'configs' / 'model_fp16.py', """
+        _base_ = ['./_base_/schedule.py']
+        fp16 = dict(loss_scale=512.)
+        optimizer = dict(lr=0.01)  # merged into the base optimizer
+        optimizer_config = dict(
+            _delete_=True, type='Fp16OptimizerHook', grad_clip=dict(max_norm=35, norm_type=2))
+        """)
+    out_file = tmp_path / 'out.py'
+    proc = run('migrate', str(cfg), '-o', str(out_file))
+    assert proc.returncode == 0, proc.stderr
+    assert f'wrote {out_file}' in proc.stdout
+    result = cli.load_config(out_file)
+    assert result['total_epochs'] == 12
+    assert 'fp16' not in result and 'optimizer_config' not in result
+    assert 'optimizer' not in result
+    assert result['optim_wrapper'] == {
+        'type': 'AmpOptimWrapper',
+        'optimizer': {'type': 'SGD', 'lr': 0.01, 'momentum': 0.9},
+        'loss_scale': 512.0,
+        'clip_grad': {'max_norm': 35, 'norm_type': 2},
+    }
+    wrapper = build_optim_wrapper(nn.Linear(2, 2), result['optim_wrapper'])
+    assert isinstance(wrapper, AmpOptimWrapper)
+    assert wrapper.loss_scale == 512.0
+
+
+def test_migrate_to_stdout_is_a_readable_python_config():
+    proc = call('migrate', str(FIXTURES / 'configs' / 'biggan_128x128_fp16.py'))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith('# Converted from biggan_128x128_fp16.py')
+    assert "constructor='MultiOptimWrapperConstructor'" in proc.stdout
+    assert 'accumulative_counts=8' in proc.stdout
+    namespace: dict = {}
+    exec(compile(proc.stdout, '<migrated>', 'exec'), namespace)  # it is valid Python
+    assert namespace['model']['discriminator_steps'] == 1
+    assert namespace['model']['generator_steps'] == 1
+
+
+def test_migrated_gan_config_builds_an_optim_wrapper_dict(tmp_path):
+    out_file = tmp_path / 'gan.py'
+    proc = call('migrate', str(FIXTURES / 'configs' / 'biggan_128x128_fp16.py'),
+               '-o', str(out_file))
+    assert proc.returncode == 0, proc.stderr
+
+    class GAN(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.generator = nn.Linear(2, 2)
+            self.discriminator = nn.Linear(2, 1)
+
+    wrappers = build_optim_wrapper(GAN(), cli.load_config(out_file)['optim_wrapper'])
+    assert isinstance(wrappers, OptimWrapperDict)
+    assert sorted(wrappers.keys()) == ['discriminator', 'generator']
+    assert wrappers['generator'].accumulative_counts == 8
+
+
+def test_migrate_amp_switch_on_a_plain_config(tmp_path):
+    cfg = write(tmp_path / 'plain.py', """
+        optimizer = dict(type='Adam', lr=1e-3)
+        optimizer_config = dict(grad_clip=None)
+        """)
+    proc = call('migrate', str(cfg), '--amp', '--dtype', 'bfloat16')
+    assert proc.returncode == 0, proc.stderr
+    namespace: dict = {}
+    exec(proc.stdout, namespace)
+    wrapper = namespace['optim_wrapper']
+    assert wrapper['type'] == 'AmpOptimWrapper'
+    assert wrapper['dtype'] == 'bfloat16'
+    assert 'loss_scale' not in wrapper
+
+
+def test_migrate_reports_problems_on_stderr_and_strict_fails(tmp_path):
+    cfg = write(tmp_path / 'gan.py', """
+        optimizer = dict(generator=dict(type='Adam', lr=1e-4),
+                         discriminator=dict(type='Adam', lr=4e-4))
+        train_cfg = dict(disc_steps=5, gen_steps=1, batch_accumulation_steps=2)
+        """)
+    proc = call('migrate', str(cfg))
+    assert proc.returncode == 0
+    assert 'warning' in proc.stderr and 'disc_steps' in proc.stderr
+    strict = call('migrate', str(cfg), '--strict')
+    assert strict.returncode == 1
+    assert 'Traceback' not in strict.stderr
+    assert strict.stderr.strip().splitlines()[-1].startswith('fp16utils: error: ')
+    assert strict.stdout == ''
+
+
+def test_migrate_missing_file_is_usage_error(tmp_path):
+    proc = call('migrate', str(tmp_path / 'nope.py'))
+    assert proc.returncode == 2
+    assert_one_line_error(proc, 'nope.py', 'no such config file')
+
+
+def test_migrate_missing_base_names_both_files(tmp_path):
+    cfg = write(tmp_path / 'child.py', "_base_ = './gone.py'\nfp16 = dict(loss_scale=512.)\n")
+    proc = call('migrate', str(cfg))
+    assert proc.returncode == 1
+    assert_one_line_error(proc, 'child.py', 'gone.py', 'does not exist')
+
+
+def test_migrate_config_with_syntax_error_names_file_and_line(tmp_path):
+    cfg = write(tmp_path / 'bad.py', 'fp16 = dict(loss_scale=512.\n')
+    proc = call('migrate', str(cfg))
+    assert proc.returncode == 1
+    assert_one_line_error(proc, 'bad.py:', 'syntax error')
+
+
+def test_migrate_config_that_raises_is_reported_not_a_traceback(tmp_path):
+    cfg = write(tmp_path / 'raises.py', "fp16 = dict(loss_scale=1 / 0)\n")
+    proc = call('migrate', str(cfg))
+    assert proc.returncode == 1
+    assert_one_line_error(proc, 'raises.py', 'ZeroDivisionError')
+
+
+def test_base_cycle_is_reported(tmp_path):
+    write(tmp_path / 'a.py', "_base_ = './b.py'\n")
+    write(tmp_path / 'b.py', "_base_ = './a.py'\n")
+    with pytest.raises(cli.CommandError, match='cycle'):
+        cli.load_config(tmp_path / 'a.py')
+
+
+def test_format_config_round_trips_values():
+    cfg = {'a': {'b': (1,), 'c': [1.5, 'x'], 'd': None, 'not-ident': {1: 2}},
+           'long': {f'key{i}': 'v' * 10 for i in range(8)}}
+    namespace: dict = {}
+    exec(cli.format_config(cfg), namespace)
+    assert namespace['a'] == cfg['a']
+    assert namespace['long'] == cfg['long']
+
+
+# ------------------------------------------------------------------- scan
+
+
+def test_scan_reports_findings_and_exits_1():
+    proc = run('scan', str(FIXTURES))
+    assert proc.returncode == 1
+    assert 'syntax-error' in proc.stdout  # broken_module.py is reported, not fatal
+    assert 'Fp16OptimizerHook' in proc.stdout
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.endswith('file(s)') and 'finding(s)' in last
+
+
+def test_scan_json_is_machine_readable():
+    proc = call('scan', str(FIXTURES), '--json')
+    assert proc.returncode == 1
+    findings = json.loads(proc.stdout)
+    assert {'path', 'line', 'col', 'kind', 'message', 'suggestion'} <= set(findings[0])
+    kinds = {f['kind'] for f in findings}
+    assert {'import', 'decorator', 'syntax-error'} <= kinds
+
+
+def test_scan_clean_tree_exits_0(tmp_path):
+    write(tmp_path / 'clean.py', 'import torch\n\nx = torch.ones(1)\n')
+    proc = call('scan', str(tmp_path))
+    assert proc.returncode == 0
+    assert '0 finding(s)' in proc.stdout
+
+
+def test_scan_missing_path_is_usage_error(tmp_path):
+    proc = call('scan', str(tmp_path / 'missing'))
+    assert proc.returncode == 2
+    assert_one_line_error(proc, 'missing', 'no such file or directory')
+
+
+def _copy_tree(tmp_path: Path) -> Path:
+    dst = tmp_path / 'code'
+    shutil.copytree(FIXTURES, dst)
+    return dst
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob('*.py'))}
+
+
+def test_scan_fix_dry_run_prints_diff_and_writes_nothing(tmp_path):
+    root = _copy_tree(tmp_path)
+    before = _snapshot(root)
+    proc = run('scan', str(root), '--fix', '--dry-run')
+    assert proc.returncode == 0, proc.stderr
+    assert '+from fp16utils import' in proc.stdout
+    assert '--- ' in proc.stdout and '+++ ' in proc.stdout
+    assert 'would change' in proc.stdout
+    assert _snapshot(root) == before
+
+
+def test_scan_fix_rewrites_imports_then_is_idempotent(tmp_path):
+    root = _copy_tree(tmp_path)
+    before = _snapshot(root)
+    first = call('scan', str(root), '--fix')
+    assert first.returncode == 0, first.stderr
+    after = _snapshot(root)
+    changed = [k for k in before if before[k] != after[k]]
+    assert changed
+    for name in changed:
+        assert b'from fp16utils import' in after[name]
+    second = call('scan', str(root), '--fix')
+    assert second.returncode == 0
+    assert 'changed 0 file(s)' in second.stdout
+    assert _snapshot(root) == after
+
+
+# ------------------------------------------------------------------- bench
+
+
+def test_bench_unknown_name_lists_available():
+    proc = call('bench', 'nope')
+    assert proc.returncode == 2
+    assert_one_line_error(proc, 'nope', 'decorators')
+
+
+# -------------------------------------------------------------------- demo
+
+
+def test_demo_runs_on_cpu_and_prints_the_table():
+    proc = run('demo', '--steps', '20', '--device', 'cpu', timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    header = next(ln for ln in out.splitlines() if ln.startswith('mode'))
+    for column in ('steps/s', 'vs fp32', 'peak mem', 'final loss', 'scale changes', 'skipped'):
+        assert column in header
+    rows = {ln.split('  ')[0].strip(): ln for ln in out.splitlines()
+            if ln.startswith(('fp32', 'amp ', 'legacy '))}
+    assert set(rows) == {'fp32', 'amp float16', 'amp bfloat16', 'legacy float16'}
+    assert '1.00x' in rows['fp32']
+    # Not a terminal: plain progress lines, no carriage-return bar.
+    assert 'training amp bfloat16 on cpu (20 steps)' in out
+    assert '\r' not in out + proc.stderr
+
+
+def test_demo_results_are_sane():
+    from fp16utils.demo import run_demo
+
+    buf = io.StringIO()
+    results = run_demo('cpu', steps=12, out=buf)
+    by_mode = {r.mode: r for r in results}
+    assert list(by_mode) == ['fp32', 'amp float16', 'amp bfloat16', 'legacy float16']
+    for r in results:
+        assert len(r.losses) == 12 and all(v == v for v in r.losses)  # no nan
+        assert r.steps_per_s > 0
+        assert r.peak_memory_mb is None  # the CPU reports no peak memory
+    fp32 = by_mode['fp32']
+    assert fp32.losses[-1] < fp32.losses[0]  # it learns
+    for mode in ('amp float16', 'amp bfloat16', 'legacy float16'):
+        # same data and initial weights: low precision tracks fp32 closely
+        assert abs(by_mode[mode].losses[-1] - fp32.losses[-1]) < 0.05
+    assert by_mode['amp float16'].scales[0] == 2.0**16
+    assert by_mode['amp bfloat16'].scales[0] == 1.0  # bfloat16 is not scaled
+
+
+def test_demo_unknown_mode_is_a_clear_error():
+    from fp16utils.demo import run_demo
+    with pytest.raises(ValueError, match='int8'):
+        run_demo('cpu', steps=1, modes=('int8',))
+
+
+def test_demo_plot(tmp_path):
+    target = tmp_path / 'curves.png'
+    proc = call('demo', '--steps', '4', '--device', 'cpu', '--plot', str(target))
+    if importlib.util.find_spec('matplotlib') is None:
+        assert proc.returncode == 1
+        assert_one_line_error(proc, 'matplotlib', "pip install 'fp16utils[plot]'")
+        assert not target.exists()
+    else:
+        assert proc.returncode == 0, proc.stderr
+        assert target.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'

@@ -1,0 +1,728 @@
+"""Tests for auto_fp16 and force_fp32."""
+
+import copy
+import inspect
+
+import pytest
+import torch
+from torch import nn
+
+import fp16utils.decorators
+from fp16utils import auto_fp16, force_fp32, wrap_fp16_model
+
+pytestmark = pytest.mark.usefixtures('no_backend_env')
+
+F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
+
+
+def f32(n=2):
+    return torch.arange(n, dtype=F32) + 0.5
+
+
+def autocast_now():
+    """(enabled, dtype) of CPU autocast, as the function body sees it."""
+    return torch.is_autocast_enabled('cpu'), torch.get_autocast_dtype('cpu')
+
+
+class Recorder(nn.Module):
+    """A module whose decorated methods record the arguments they receive."""
+
+    def __init__(self, enabled=True):
+        super().__init__()
+        if enabled is not None:
+            self.fp16_enabled = enabled
+        self.seen = None
+
+    def record(self, **named):
+        self.seen = dict(named, autocast=autocast_now())
+        return named
+
+
+# --------------------------------------------------------------------------- auto_fp16
+
+
+class AutoAll(Recorder):
+    @auto_fp16()
+    def forward(self, x, y, n=None, *, k=None):
+        return self.record(x=x, y=y, n=n, k=k)
+
+
+def test_auto_fp16_all_args_cast():
+    m = AutoAll()
+    ids = torch.arange(3)
+    nested = {'a': [f32()]}
+    m(f32(), nested, ids, k=f32())
+    seen = m.seen
+    assert seen['x'].dtype == F16
+    assert seen['y']['a'][0].dtype == F16
+    assert seen['n'] is ids  # int tensors untouched, same object
+    assert seen['k'].dtype == F16  # keyword-only arguments too
+    assert seen['autocast'] == (True, F16)
+    assert autocast_now()[0] is False  # restored afterwards
+
+
+def test_auto_fp16_values_preserved():
+    m = AutoAll()
+    x = torch.tensor([0.5, -1.25, 3.0])
+    m(x, None)
+    assert torch.equal(m.seen['x'].float(), x)
+    assert x.dtype == F32  # the caller's tensor is not modified
+
+
+def test_auto_fp16_non_tensor_args_same_objects():
+    m = AutoAll()
+    half = torch.ones(1, dtype=F16)
+    text, obj = 'text', object()
+    m(half, text, obj, k=None)
+    assert m.seen['x'] is half and m.seen['y'] is text and m.seen['n'] is obj
+
+
+class AutoNamed(Recorder):
+    @auto_fp16(apply_to=('x',))
+    def forward(self, x, y):
+        return self.record(x=x, y=y)
+
+
+def test_auto_fp16_apply_to_names():
+    m = AutoNamed()
+    y = f32()
+    m(f32(), y)
+    assert m.seen['x'].dtype == F16
+    assert m.seen['y'] is y
+
+
+def test_auto_fp16_positional_given_by_keyword():
+    m = AutoNamed()
+    y = f32()
+    m(y=y, x=f32())
+    assert m.seen['x'].dtype == F16
+    assert m.seen['y'] is y
+
+
+def test_auto_fp16_keyword_only():
+    class M(Recorder):
+        @auto_fp16(apply_to=('scale',))
+        def forward(self, x, *, scale, other=None):
+            return self.record(x=x, scale=scale, other=other)
+
+    m = M()
+    x, other = f32(), f32()
+    m(x, scale=f32(), other=other)
+    assert m.seen['scale'].dtype == F16
+    assert m.seen['x'] is x and m.seen['other'] is other
+
+
+def test_auto_fp16_positional_only():
+    class M(Recorder):
+        @auto_fp16(apply_to=('x',))
+        def forward(self, x, /, y):
+            return self.record(x=x, y=y)
+
+    m = M()
+    y = f32()
+    m(f32(), y)
+    assert m.seen['x'].dtype == F16 and m.seen['y'] is y
+
+
+def test_auto_fp16_var_positional():
+    class M(Recorder):
+        @auto_fp16(apply_to=('rest',))
+        def forward(self, x, *rest):
+            return self.record(x=x, rest=rest)
+
+    m = M()
+    x, ids = f32(), torch.arange(2)
+    m(x, f32(), ids, [f32()])
+    assert m.seen['x'] is x
+    rest = m.seen['rest']
+    assert rest[0].dtype == F16 and rest[1] is ids and rest[2][0].dtype == F16
+
+
+def test_auto_fp16_none_casts_var_positional():
+    class M(Recorder):
+        @auto_fp16()
+        def forward(self, *inputs):
+            return self.record(inputs=inputs)
+
+    m = M()
+    m(f32(), f32())
+    assert [t.dtype for t in m.seen['inputs']] == [F16, F16]
+
+
+def test_auto_fp16_var_keyword():
+    class M(Recorder):
+        @auto_fp16(apply_to=('extra',))
+        def forward(self, x, **extra):
+            return self.record(x=x, extra=extra)
+
+    m = M()
+    x = f32()
+    m(x=x, a=f32(), b=[f32()])
+    assert m.seen['x'] is x  # named, and not in apply_to
+    assert m.seen['extra']['a'].dtype == F16
+    assert m.seen['extra']['b'][0].dtype == F16
+
+
+def test_auto_fp16_name_reaching_var_keyword():
+    # With **kwargs, a name the signature does not list can still arrive by keyword.
+    class M(Recorder):
+        @auto_fp16(apply_to=('gt',))
+        def forward(self, x, **kwargs):
+            return self.record(x=x, kwargs=kwargs)
+
+    m = M()
+    x, other = f32(), f32()
+    m(x, gt=f32(), other=other)
+    assert m.seen['kwargs']['gt'].dtype == F16
+    assert m.seen['kwargs']['other'] is other and m.seen['x'] is x
+
+
+def test_auto_fp16_apply_to_single_string():
+    class M(Recorder):
+        @auto_fp16(apply_to='xy')
+        def forward(self, xy, x, y):
+            return self.record(xy=xy, x=x, y=y)
+
+    m = M()
+    x, y = f32(), f32()
+    m(f32(), x, y)
+    assert m.seen['xy'].dtype == F16
+    assert m.seen['x'] is x and m.seen['y'] is y  # not read as the names 'x', 'y'
+
+
+def test_auto_fp16_out_fp32():
+    class M(Recorder):
+        @auto_fp16(out_fp32=True)
+        def forward(self, x):
+            return {'out': x * 2, 'ids': torch.arange(2), 'keep': x.double()}
+
+    out = M()(f32())
+    assert out['out'].dtype == F32
+    assert torch.equal(out['out'], f32() * 2)
+    assert out['ids'].dtype == torch.int64
+    assert out['keep'].dtype == torch.float64
+
+
+def test_auto_fp16_output_low_precision_without_out_fp32():
+    class M(Recorder):
+        @auto_fp16()
+        def forward(self, x):
+            return x * 2
+
+    assert M()(f32()).dtype == F16
+
+
+def test_auto_fp16_out_fp32_bfloat16():
+    class M(Recorder):
+        @auto_fp16(out_fp32=True, dtype=BF16)
+        def forward(self, x):
+            return x, torch.ones(1, dtype=F16)
+
+    out, half = M()(f32())
+    assert out.dtype == F32
+    assert half.dtype == F16  # only the run's own low dtype goes back to float32
+
+
+# --------------------------------------------------------------------------- dtypes
+
+
+@pytest.mark.parametrize('dtype', [BF16, 'bf16', 'bfloat16'])
+def test_auto_fp16_dtype_bfloat16(dtype):
+    class M(Recorder):
+        @auto_fp16(dtype=dtype)
+        def forward(self, x):
+            self.record(x=x)
+            return torch.mm(x.view(1, -1), torch.ones(2, 2))
+
+    m = M()
+    out = m(f32())
+    assert m.seen['x'].dtype == BF16
+    assert m.seen['autocast'] == (True, BF16)
+    assert out.dtype == BF16
+
+
+def test_auto_fp16_instance_fp16_dtype():
+    m = AutoAll()
+    m.fp16_dtype = BF16
+    m(f32(), None)
+    assert m.seen['x'].dtype == BF16
+    assert m.seen['autocast'] == (True, BF16)
+
+
+def test_auto_fp16_decorator_dtype_wins_over_instance():
+    class M(Recorder):
+        @auto_fp16(dtype=F16)
+        def forward(self, x):
+            return self.record(x=x)
+
+    m = M()
+    m.fp16_dtype = BF16
+    m(f32())
+    assert m.seen['x'].dtype == F16 and m.seen['autocast'] == (True, F16)
+
+
+@pytest.mark.parametrize('bad', [F32, 'fp32', torch.int8])
+def test_auto_fp16_bad_dtype_at_decoration(bad):
+    with pytest.raises(ValueError, match='low-precision dtype'):
+        auto_fp16(dtype=bad)
+
+
+def test_auto_fp16_inside_outer_autocast_other_dtype():
+    m = AutoAll()
+    with torch.autocast('cpu', dtype=BF16):
+        m(f32(), None)
+        assert autocast_now() == (True, BF16)  # the outer region is restored
+    assert m.seen['autocast'] == (True, F16)
+    assert m.seen['x'].dtype == F16
+
+
+def test_auto_fp16_inside_outer_autocast_same_dtype():
+    m = AutoAll()
+    with torch.autocast('cpu', dtype=F16):
+        m(f32(), None)
+        assert autocast_now() == (True, F16)
+    assert m.seen['autocast'] == (True, F16)
+    assert autocast_now()[0] is False
+
+
+def test_auto_fp16_device_from_module_without_tensor_args():
+    class M(Recorder):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(2, 2)
+
+        @auto_fp16()
+        def forward(self, n):
+            self.record(n=n)
+            return self.fc(torch.ones(n, 2))
+
+    m = M()
+    out = m(3)
+    assert m.seen['autocast'] == (True, F16)
+    assert out.dtype == F16
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class Plain:
+    fp16_enabled = True
+
+    @auto_fp16()
+    def forward(self, x):
+        return x
+
+
+class Other:
+    pass
+
+
+def test_supported_types_type_error_at_call_time():
+    obj = Plain()  # decorating succeeded
+    with pytest.raises(TypeError, match='Module') as info:
+        obj.forward(f32())
+    message = str(info.value)
+    assert '@auto_fp16' in message
+    assert 'Plain' in message and 'Plain.forward' in message
+
+
+class Base:
+    pass
+
+
+def test_supported_types_custom():
+    class Ok(Other):
+        fp16_enabled = True
+
+        @auto_fp16(supported_types=(Other,))
+        def run(self, x):
+            return x
+
+        @force_fp32(supported_types=(Other,))
+        def run32(self, x):
+            return x
+
+    class Holder:
+        fp16_enabled = True
+
+        @auto_fp16(supported_types=(Base, Other))
+        def run(self, x):
+            return x
+
+        @force_fp32(supported_types=(Other,))
+        def run32(self, x):
+            return x
+
+    assert Ok().run(f32()).dtype == F16
+    assert Ok().run32(torch.ones(1, dtype=F16)).dtype == F32
+    with pytest.raises(TypeError) as info:
+        Holder().run(f32())
+    message = str(info.value)
+    assert 'Base' in message and 'Other' in message and 'Holder.run' in message
+    with pytest.raises(TypeError, match='@force_fp32.*Other'):
+        Holder().run32(f32())
+
+
+def test_call_without_arguments_is_type_error():
+    @auto_fp16()
+    def free():
+        return 1
+
+    with pytest.raises(TypeError, match='no arguments'):
+        free()
+
+
+@pytest.mark.parametrize('decorator', [auto_fp16, force_fp32])
+def test_apply_to_missing_argument_at_decoration(decorator):
+    with pytest.raises(ValueError) as info:
+        class M(nn.Module):
+            @decorator(apply_to=('x', 'gt_bboxes'))
+            def loss(self, x, gt_labels):
+                return x
+    message = str(info.value)
+    assert "'gt_bboxes'" in message
+    assert 'M.loss' in message
+    assert decorator.__name__ in message
+
+
+@pytest.mark.parametrize('decorator', [auto_fp16, force_fp32])
+def test_apply_to_var_names_are_valid(decorator):
+    @decorator(apply_to=('args', 'kwargs'))
+    def f(self, *args, **kwargs):
+        return args, kwargs
+
+    assert f.__name__ == 'f'
+
+
+def test_apply_to_non_string_is_type_error():
+    with pytest.raises(TypeError, match='argument names as strings'):
+        @auto_fp16(apply_to=(0,))
+        def f(self, x):
+            return x
+
+
+def test_signature_read_once(monkeypatch):
+    calls = []
+    real = inspect.signature
+
+    def counting(*args, **kwargs):
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fp16utils.decorators.inspect, 'signature', counting)
+
+    class M(Recorder):
+        @auto_fp16(apply_to=('x',))
+        def forward(self, x, y):
+            return x
+
+        @force_fp32()
+        def loss(self, x):
+            return x
+
+    assert len(calls) == 2
+    m = M()
+    for _ in range(5):
+        m.loss(m(f32(), y=f32()))
+    assert len(calls) == 2
+
+
+# --------------------------------------------------------------------------- metadata
+
+
+@pytest.mark.parametrize('decorator', [auto_fp16(), force_fp32(), auto_fp16(apply_to='x')])
+def test_wraps_metadata(decorator):
+    def method(self, x, y=1, *, z=2):
+        """Docstring kept."""
+        return x
+
+    wrapped = decorator(method)
+    assert wrapped.__name__ == 'method'
+    assert wrapped.__qualname__ == method.__qualname__
+    assert wrapped.__doc__ == 'Docstring kept.'
+    assert wrapped.__module__ == method.__module__
+    assert wrapped.__wrapped__ is method
+    assert inspect.signature(wrapped) == inspect.signature(method)
+
+
+# --------------------------------------------------------------------------- disabled
+
+
+@pytest.mark.parametrize('enabled', [None, False, 0])
+@pytest.mark.parametrize('decorator', [auto_fp16(out_fp32=True), force_fp32(out_fp16=True),
+                                       auto_fp16(apply_to=('x',))])
+def test_disabled_runs_original(enabled, decorator):
+    sentinel = {'out': f32()}
+
+    class M(Recorder):
+        @decorator
+        def forward(self, x, y=None):
+            self.record(x=x, y=y)
+            return sentinel
+
+    m = M(enabled=enabled)
+    if enabled is None:
+        assert not hasattr(m, 'fp16_enabled')
+    x, y = f32(), torch.ones(2, dtype=F16)
+    with torch.autocast('cpu', dtype=BF16):
+        out = m(x, y=y)
+    assert m.seen['x'] is x and m.seen['y'] is y
+    assert m.seen['autocast'] == (True, BF16)  # autocast left as the caller set it
+    assert out is sentinel and out['out'].dtype == F32
+    m(x)
+    assert m.seen['autocast'][0] is False  # and no autocast of its own
+
+
+def test_class_attribute_enables():
+    class M(nn.Module):
+        fp16_enabled = True
+
+        def __init__(self):
+            super().__init__()
+            self.seen = None
+
+        @auto_fp16()
+        def forward(self, x):
+            self.seen = x.dtype
+            return x
+
+    m = M()
+    m(f32())
+    assert m.seen == F16
+    m.fp16_enabled = False  # instance attribute overrides the class one
+    m(f32())
+    assert m.seen == F32
+
+
+def test_property_flag():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.flag = False
+
+        @property
+        def fp16_enabled(self):
+            return self.flag
+
+        @auto_fp16()
+        def forward(self, x):
+            return x
+
+    m = M()
+    assert m(f32()).dtype == F32
+    m.flag = True
+    assert m(f32()).dtype == F16
+
+
+# --------------------------------------------------------------------------- force_fp32
+
+
+class Force(Recorder):
+    @force_fp32()
+    def loss(self, a, b, c=None, *, d=None):
+        return self.record(a=a, b=b, c=c, d=d)
+
+
+def test_force_fp32_casts_half_and_bfloat16():
+    m = Force()
+    ids, full = torch.arange(2), f32()
+    m.loss(torch.ones(2, dtype=F16), [torch.ones(2, dtype=BF16)], ids, d=full)
+    seen = m.seen
+    assert seen['a'].dtype == F32 and seen['b'][0].dtype == F32
+    assert seen['c'] is ids and seen['d'] is full
+    assert seen['autocast'][0] is False
+
+
+def test_force_fp32_values_preserved():
+    m = Force()
+    h = torch.tensor([0.5, -1.25, 3.0], dtype=F16)
+    m.loss(h, None)
+    assert torch.equal(m.seen['a'], h.float())
+
+
+def test_force_fp32_disables_outer_autocast():
+    m = Force()
+    with torch.autocast('cpu', dtype=BF16):
+        m.loss(torch.ones(2, dtype=BF16), torch.ones(2, dtype=F16))
+        assert autocast_now() == (True, BF16)  # restored for the caller
+    assert m.seen['autocast'][0] is False
+    assert m.seen['a'].dtype == F32 and m.seen['b'].dtype == F32
+
+
+def test_force_fp32_matmul_is_float32_inside_autocast():
+    class M(Recorder):
+        @force_fp32()
+        def loss(self, x):
+            return torch.mm(x, x)
+
+    with torch.autocast('cpu', dtype=BF16):
+        out = M().loss(torch.ones(2, 2, dtype=BF16))
+    assert out.dtype == F32
+
+
+def test_force_fp32_apply_to():
+    class M(Recorder):
+        @force_fp32(apply_to=('pred',))
+        def loss(self, pred, target):
+            return self.record(pred=pred, target=target)
+
+    m = M()
+    target = torch.ones(2, dtype=F16)
+    m.loss(torch.ones(2, dtype=F16), target)
+    assert m.seen['pred'].dtype == F32 and m.seen['target'] is target
+    m.loss(target=target, pred=torch.ones(2, dtype=BF16))
+    assert m.seen['pred'].dtype == F32 and m.seen['target'] is target
+
+
+def test_force_fp32_out_fp16():
+    class M(Recorder):
+        @force_fp32(out_fp16=True)
+        def loss(self, x):
+            return x * 2, torch.arange(2)
+
+    m = M()
+    out, ids = m.loss(torch.ones(2, dtype=F16))
+    assert out.dtype == F16 and torch.equal(out, torch.full((2,), 2.0, dtype=F16))
+    assert ids.dtype == torch.int64
+    m.fp16_dtype = BF16
+    out, _ = m.loss(torch.ones(2, dtype=BF16))
+    assert out.dtype == BF16
+
+
+def test_auto_fp16_then_force_fp32_nesting():
+    class M(Recorder):
+        @auto_fp16(out_fp32=True)
+        def forward(self, x):
+            inner = autocast_now()
+            y = self.loss(x * 2)
+            return y, inner, autocast_now()
+
+        @force_fp32()
+        def loss(self, y):
+            self.record(y=y)
+            return y.sum()
+
+    m = M()
+    out, inner, after = m(f32())
+    assert inner == (True, F16) and after == (True, F16)
+    assert m.seen['y'].dtype == F32 and m.seen['autocast'][0] is False
+    assert out.dtype == F32
+    assert autocast_now()[0] is False
+
+
+# --------------------------------------------------------------------------- legacy
+
+
+def test_legacy_backend_casts_without_autocast():
+    class M(Recorder):
+        def __init__(self):
+            super().__init__(enabled=False)
+            self.fc = nn.Linear(2, 2)
+
+        @auto_fp16()
+        def forward(self, x):
+            self.record(x=x)
+            return self.fc(x)
+
+    m = wrap_fp16_model(M(), backend='legacy')
+    assert m._fp16_autocast is False
+    out = m(f32())
+    assert m.seen['x'].dtype == F16
+    assert m.seen['autocast'][0] is False
+    assert out.dtype == F16  # the half Linear ran on half input
+
+
+def test_legacy_env_backend_without_autocast(force_backend):
+    force_backend('legacy')
+    m = AutoAll()
+    m(f32(), None)
+    assert m.seen['x'].dtype == F16 and m.seen['autocast'][0] is False
+
+
+def test_old_torch_casts_without_autocast(old_torch):
+    m = AutoAll()
+    m(f32(), None)
+    assert m.seen['x'].dtype == F16 and m.seen['autocast'][0] is False
+    f = Force()
+    with torch.autocast('cpu', dtype=BF16):
+        f.loss(torch.ones(1, dtype=F16), torch.ones(1, dtype=BF16))
+    assert f.seen['a'].dtype == F32 and f.seen['b'].dtype == F32
+
+
+# --------------------------------------------------------------------------- exceptions
+
+
+class Boom(Recorder):
+    @auto_fp16()
+    def forward(self, x):
+        raise KeyError('boom in forward')
+
+    @force_fp32()
+    def loss(self, x):
+        raise KeyError('boom in loss')
+
+
+def test_autocast_restored_after_auto_fp16_raises():
+    with pytest.raises(KeyError, match='boom in forward'):
+        Boom()(f32())
+    assert autocast_now()[0] is False
+    with torch.autocast('cpu', dtype=BF16):
+        with pytest.raises(KeyError, match='boom in forward'):
+            Boom()(f32())
+        assert autocast_now() == (True, BF16)
+    # Later regions work normally.
+    m = AutoAll()
+    m(f32(), None)
+    assert m.seen['autocast'] == (True, F16)
+
+
+def test_autocast_restored_after_force_fp32_raises():
+    with torch.autocast('cpu', dtype=BF16):
+        with pytest.raises(KeyError, match='boom in loss'):
+            Boom().loss(torch.ones(1, dtype=F16))
+        assert autocast_now() == (True, BF16)
+        assert torch.mm(torch.ones(2, 2), torch.ones(2, 2)).dtype == BF16
+    assert autocast_now()[0] is False
+
+
+# --------------------------------------------------------------------------- real model
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(8, 16)
+        self.fc2 = nn.Linear(16, 4)
+        self.fp16_enabled = False
+        self.inner_dtype = None
+
+    @auto_fp16(apply_to=('x',), out_fp32=True)
+    def forward(self, x):
+        h = torch.relu(self.fc1(x))
+        self.inner_dtype = h.dtype
+        return self.head(self.fc2(h))
+
+    @force_fp32(apply_to=('y',))
+    def head(self, y):
+        return torch.log_softmax(y, dim=-1)
+
+
+@pytest.mark.parametrize(('dtype', 'tol'), [(F16, 1e-2), (BF16, 5e-2)])
+def test_real_module_matches_float32(dtype, tol):
+    torch.manual_seed(0)
+    ref = Net()
+    amp = wrap_fp16_model(copy.deepcopy(ref), dtype=dtype)
+    x = torch.randn(5, 8)
+    expected = ref(x)
+    got = amp(x)
+    assert ref.inner_dtype == F32
+    assert amp.inner_dtype == dtype
+    assert got.dtype == F32
+    assert torch.allclose(got, expected, atol=tol, rtol=tol)
+    assert not torch.equal(got, expected)  # it really ran in low precision
+
+    got.sum().backward()
+    assert amp.fc1.weight.dtype == F32  # native: the parameters stay float32
+    assert amp.fc1.weight.grad.dtype == F32
+    expected.sum().backward()
+    assert torch.allclose(amp.fc2.weight.grad, ref.fc2.weight.grad, atol=5 * tol, rtol=5 * tol)

@@ -1,0 +1,838 @@
+"""Tests for fp16utils.optim: the 1.x optimizer wrappers and build_optim_wrapper."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import importlib.util
+import io
+import logging
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import fp16utils
+from fp16utils import (
+    AmpOptimWrapper,
+    LossScaler,
+    OptimWrapper,
+    OptimWrapperDict,
+    build_optim_wrapper,
+)
+from fp16utils import optim as optim_mod
+
+
+def _load_runner():
+    name = 'fp16utils_tests_runner'
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            name, Path(__file__).resolve().parent / '_runner.py')
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+R = _load_runner()
+BACKENDS = ['native', 'legacy']
+
+
+def amp(model, backend='native', opt_cls=torch.optim.Adam, lr=1e-2, **kwargs):
+    optimizer = opt_cls(model.parameters(), lr=lr)
+    return AmpOptimWrapper(optimizer, backend=backend, model=model, **kwargs)
+
+
+def train(wrapper, model, batches):
+    for x, y in batches:
+        with wrapper.optim_context(model):
+            out = model(x)
+        wrapper.update_params((out.float() - y).pow(2).mean())
+
+
+# ------------------------------------------------------------------------ OptimWrapper
+
+
+def test_update_params_steps_and_zeroes_like_plain_sgd():
+    model, ref = R.Net(), R.Net()
+    wrapper = OptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1))
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for batch in R.make_data(3):
+        wrapper.update_params(R.mse(model, batch))
+        ref_opt.zero_grad()
+        R.mse(ref, batch).backward()
+        ref_opt.step()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        assert torch.equal(p, q)
+        assert p.grad is None
+    assert wrapper.inner_count == 3
+
+
+@pytest.mark.parametrize('opt_cls', [torch.optim.SGD, torch.optim.Adam])
+def test_accumulation_equals_one_large_batch(opt_cls):
+    small = R.make_data(4, batch_size=2)
+    large = (torch.cat([b[0] for b in small]), torch.cat([b[1] for b in small]))
+    model, ref = R.Net(), R.Net()
+    wrapper = OptimWrapper(opt_cls(model.parameters(), lr=0.1), accumulative_counts=4)
+    ref_wrapper = OptimWrapper(opt_cls(ref.parameters(), lr=0.1))
+    for i, batch in enumerate(small):
+        wrapper.update_params(R.mse(model, batch))
+        assert wrapper.should_update() == (i == 3)
+    ref_wrapper.update_params(R.mse(ref, large))
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+def test_last_incomplete_window_is_divided_by_its_length():
+    data = R.make_data(6, batch_size=2)
+    model, ref = R.Net(), R.Net()
+    wrapper = OptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1), accumulative_counts=4)
+    wrapper.initialize_count_status(model, 0, 6)
+    updates = []
+    for batch in data:
+        wrapper.update_params(R.mse(model, batch))
+        updates.append(wrapper.should_update())
+    assert updates == [False, False, False, True, False, True]
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for window in (data[:4], data[4:]):
+        ref_opt.zero_grad()
+        x = torch.cat([b[0] for b in window])
+        y = torch.cat([b[1] for b in window])
+        R.mse(ref, (x, y)).backward()
+        ref_opt.step()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+def test_counters_scale_loss_and_sync_schedule():
+    p = nn.Parameter(torch.ones(1))
+    wrapper = OptimWrapper(torch.optim.SGD([p], lr=1.0), accumulative_counts=3)
+    wrapper.initialize_count_status(nn.Identity(), 0, 7)
+    factors, syncs = [], []
+    for _ in range(7):
+        syncs.append(wrapper.should_sync())
+        factors.append(wrapper.scale_loss(torch.tensor(6.0)).item())
+        wrapper.backward((p * 0).sum())
+    assert factors == [2.0] * 6 + [6.0]
+    assert syncs == [False, False, True, False, False, True, True]
+    assert wrapper.max_counts == 7 and wrapper.accumulative_counts == 3
+
+
+def test_resume_count_not_multiple_warns(caplog):
+    p = nn.Parameter(torch.ones(1))
+    wrapper = OptimWrapper(torch.optim.SGD([p], lr=1.0), accumulative_counts=4)
+    with caplog.at_level(logging.WARNING, logger='fp16utils'):
+        wrapper.initialize_count_status(nn.BatchNorm1d(2), 5, 10)
+    text = caplog.text
+    assert 'not a multiple of accumulative_counts=4' in text and 'BatchNorm' in text
+    assert wrapper.inner_count == 5
+
+
+class _FakeDDP(nn.Module):
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+        self.no_sync_calls = 0
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        self.no_sync_calls += 1
+        yield
+
+    def forward(self, x):
+        return self.module(x)
+
+
+@pytest.mark.parametrize('wrapper_cls', [OptimWrapper, AmpOptimWrapper])
+def test_optim_context_skips_gradient_sync_while_accumulating(wrapper_cls):
+    model = _FakeDDP(R.Net())
+    wrapper = wrapper_cls(torch.optim.SGD(model.parameters(), lr=0.1), accumulative_counts=2)
+    calls = []
+    for batch in R.make_data(4):
+        with wrapper.optim_context(model):
+            loss = R.mse(model, batch)
+        calls.append(model.no_sync_calls)
+        wrapper.update_params(loss)
+    assert calls == [1, 1, 2, 2]
+
+
+def test_clip_grad_norm_matches_torch_and_exposes_the_norm():
+    batch = R.make_data(1)[0]
+    model, ref = R.Net(), R.Net()
+    wrapper = OptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1),
+                           clip_grad=dict(max_norm=0.05, norm_type=2))
+    assert wrapper.grad_norm is None
+    wrapper.update_params(R.mse(model, batch))
+    R.mse(ref, batch).backward()
+    expected = nn.utils.clip_grad_norm_(ref.parameters(), 0.05)
+    torch.optim.SGD(ref.parameters(), lr=0.1).step()
+    torch.testing.assert_close(wrapper.grad_norm, expected)
+    assert float(wrapper.grad_norm) > 0.05  # the clip did something
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q)
+    assert wrapper.clip_grad == {'type': 'norm', 'max_norm': 0.05, 'norm_type': 2,
+                                 'foreach': None}
+
+
+def test_clip_grad_by_value():
+    p = nn.Parameter(torch.zeros(3))
+    wrapper = OptimWrapper(torch.optim.SGD([p], lr=1.0),
+                           clip_grad=dict(type='value', clip_value=0.5))
+    wrapper.update_params((p * torch.tensor([2.0, -3.0, 0.1])).sum())
+    assert p.tolist() == pytest.approx([-0.5, 0.5, -0.1])
+    assert wrapper.grad_norm is None
+
+
+@pytest.mark.parametrize('clip_grad, words', [
+    ('max_norm', 'clip_grad must be'),
+    ({}, 'clip_grad must be'),
+    (dict(norm_type=2), 'needs max_norm'),
+    (dict(max_norm=-1), 'max_norm must be'),
+    (dict(max_norm=1, norm_type=-2), 'norm_type'),
+    (dict(type='value'), 'clip_value'),
+    (dict(type='percentile', max_norm=1), "'percentile'"),
+    (dict(max_norm=1, clip_value=2), "unknown key(s) ['clip_value']"),
+])
+def test_bad_clip_grad_is_a_clear_value_error(clip_grad, words):
+    model = R.Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    groups = [list(g['params']) for g in optimizer.param_groups]
+    for cls in (OptimWrapper, AmpOptimWrapper):
+        with pytest.raises(ValueError) as err:
+            cls(optimizer, clip_grad=clip_grad)
+        assert words in str(err.value)
+        assert 'clip_grad' in str(err.value)
+    assert [list(g['params']) for g in optimizer.param_groups] == groups
+
+
+def test_clip_grad_norm_type_inf_string_is_accepted():
+    p = nn.Parameter(torch.zeros(2))
+    wrapper = OptimWrapper(torch.optim.SGD([p], lr=1.0),
+                           clip_grad=dict(max_norm=1.0, norm_type='inf'))
+    wrapper.update_params((p * torch.tensor([3.0, -4.0])).sum())
+    assert float(wrapper.grad_norm) == 4.0
+
+
+@pytest.mark.parametrize('bad', [0, -2, 1.5, True, '2'])
+def test_bad_accumulative_counts(bad):
+    with pytest.raises(ValueError, match='accumulative_counts must be an int >= 1'):
+        OptimWrapper(torch.optim.SGD([nn.Parameter(torch.ones(1))], lr=1), bad)
+
+
+def test_not_an_optimizer_is_a_type_error():
+    with pytest.raises(TypeError, match='wraps a torch.optim.Optimizer, got Linear'):
+        OptimWrapper(nn.Linear(2, 2))
+
+
+def test_lr_momentum_and_state_dict_round_trip():
+    model = R.Net()
+    sgd = OptimWrapper(torch.optim.SGD(model.parameters(), lr=0.3, momentum=0.8))
+    assert sgd.get_lr() == {'lr': [0.3]}
+    assert sgd.get_momentum() == {'momentum': [0.8]}
+    adam = OptimWrapper(torch.optim.Adam(model.parameters(), lr=1e-3, betas=(0.5, 0.9)))
+    assert adam.get_momentum() == {'momentum': [0.5]}
+    rms = OptimWrapper(torch.optim.Adagrad(model.parameters()))
+    assert rms.get_momentum() == {'momentum': [0]}
+    train(sgd, model, R.make_data(2))
+    state = copy.deepcopy(sgd.state_dict())
+    other = OptimWrapper(torch.optim.SGD(R.Net().parameters(), lr=0.1, momentum=0.1))
+    other.load_state_dict(state)
+    assert other.get_lr() == {'lr': [0.3]}
+    assert sgd.param_groups is sgd.optimizer.param_groups
+    assert 'OptimWrapper(optimizer=SGD' in repr(sgd)
+
+
+# ------------------------------------------------------------------------ AmpOptimWrapper
+
+
+@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16, 'float16', 'bfloat16'])
+def test_optim_context_autocasts_the_whole_forward_on_cpu(dtype):
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    wrapper = AmpOptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1), dtype=dtype,
+                              backend='native')
+    with wrapper.optim_context(model):
+        out = model(torch.ones(3, 4))
+        assert torch.is_autocast_enabled('cpu')
+    assert not torch.is_autocast_enabled('cpu')
+    assert out.dtype == fp16utils._torch.resolve_dtype(dtype)
+    assert wrapper.dtype == out.dtype
+
+
+def test_native_scaler_is_lazy_and_made_for_the_parameters_device():
+    model = R.Net()
+    wrapper = amp(model)
+    assert wrapper._engine._scaler is None
+    train(wrapper, model, R.make_data(1))
+    scaler = wrapper.loss_scaler
+    assert isinstance(scaler, torch.amp.GradScaler)
+    assert scaler._device == 'cpu'
+    assert wrapper.loss_scale == scaler.get_scale() == 2.0**16
+
+
+@pytest.mark.parametrize('backend', BACKENDS)
+def test_skipped_step_leaves_everything_bit_identical(backend, caplog):
+    model = R.Net()
+    wrapper = amp(model, backend, loss_scale=dict(init_scale=256.0))
+    optimizer = wrapper.optimizer
+    train(wrapper, model, R.make_data(3))
+    assert R.state_tensors(optimizer) > 0
+    before = R.snapshot(model, optimizer)
+    with caplog.at_level(logging.WARNING, logger='fp16utils'):
+        train(wrapper, model, [R.overflow_batch()])
+    R.assert_identical(before, R.snapshot(model, optimizer))
+    assert wrapper.skipped_steps == 1
+    assert wrapper.loss_scale == 128.0
+    assert wrapper.scale_history == [(0, 256.0), (4, 128.0)]
+    records = [r for r in caplog.records if r.name == 'fp16utils']
+    assert len(records) == 1
+    assert 'step 4' in records[0].getMessage() and '-> 128.0' in records[0].getMessage()
+    # Training goes on.
+    train(wrapper, model, R.make_data(1, seed=5))
+    after = R.snapshot(model, optimizer)
+    assert not torch.equal(after['model.fc1.weight'], before['model.fc1.weight'])
+    assert wrapper.skipped_steps == 1
+
+
+@pytest.mark.parametrize('backend', BACKENDS)
+def test_static_loss_scale_never_changes_but_still_skips(backend):
+    model = R.Net()
+    wrapper = amp(model, backend, loss_scale=64.0)
+    train(wrapper, model, R.make_data(2))
+    before = R.snapshot(model, wrapper.optimizer)
+    train(wrapper, model, [R.overflow_batch()])
+    R.assert_identical(before, R.snapshot(model, wrapper.optimizer))
+    train(wrapper, model, R.make_data(4))
+    assert wrapper.skipped_steps == 1
+    assert wrapper.loss_scale == 64.0
+    assert wrapper.scale_history == [(0, 64.0)]
+    if backend == 'native':
+        assert wrapper.loss_scaler.get_scale() == 64.0
+
+
+def test_native_host_mirror_matches_the_grad_scaler():
+    """The sync-free state_dict() equals GradScaler.state_dict() through skips and growth."""
+    model = R.Net()
+    wrapper = amp(model, loss_scale=dict(init_scale=128.0, growth_interval=2,
+                                         growth_factor=4.0, backoff_factor=0.25))
+    data = R.make_data(9)
+    for i in (2, 5, 6):
+        data[i] = R.overflow_batch()
+    scales = []
+    for batch in data:
+        train(wrapper, model, [batch])
+        assert wrapper.state_dict()['loss_scaler'] == wrapper.loss_scaler.state_dict()
+        scales.append(wrapper.loss_scale)
+    assert scales == [128.0, 512.0, 128.0, 128.0, 512.0, 128.0, 32.0, 32.0, 128.0]
+    assert wrapper.skipped_steps == 3
+    assert wrapper.scale_history == [(0, 128.0), (2, 512.0), (3, 128.0), (5, 512.0),
+                                     (6, 128.0), (7, 32.0), (9, 128.0)]
+
+
+def test_scale_history_is_short():
+    model = R.Net()
+    wrapper = amp(model, loss_scale=dict(init_scale=2.0**20, growth_interval=1))
+    train(wrapper, model, [R.overflow_batch()] * (optim_mod.SCALE_HISTORY_LEN + 5))
+    assert len(wrapper.scale_history) == optim_mod.SCALE_HISTORY_LEN
+    assert wrapper.scale_history[-1] == (optim_mod.SCALE_HISTORY_LEN + 5, wrapper.loss_scale)
+
+
+@pytest.mark.parametrize('backend', BACKENDS)
+def test_bfloat16_does_no_loss_scaling(backend):
+    model = R.Net()
+    wrapper = amp(model, backend, dtype='bfloat16', loss_scale=512.0)
+    train(wrapper, model, R.make_data(2))
+    assert wrapper.loss_scale == 1.0
+    assert wrapper.state_dict()['loss_scaler'] == {}
+    assert wrapper.scale_history == [] and wrapper.skipped_steps == 0
+    if backend == 'native':
+        assert not wrapper.loss_scaler.is_enabled()
+    else:
+        assert next(model.parameters()).dtype == torch.bfloat16
+
+
+def test_gradients_are_unscaled_before_clipping():
+    batch = R.make_data(1)[0]
+    model, ref = R.Net(), R.Net()
+    wrapper = amp(model, opt_cls=torch.optim.SGD, loss_scale=1024.0,
+                  clip_grad=dict(max_norm=1e3))
+    train(wrapper, model, [batch])
+    with torch.autocast('cpu', dtype=torch.float16):
+        out = ref(batch[0])
+    (out.float() - batch[1]).pow(2).mean().backward()
+    expected = nn.utils.clip_grad_norm_(ref.parameters(), 1e3)
+    torch.testing.assert_close(wrapper.grad_norm, expected, rtol=1e-2, atol=0)
+
+
+@pytest.mark.parametrize('backend', BACKENDS)
+def test_amp_matches_float32_training_closely(backend):
+    data = R.make_data(5)
+    model, ref = R.Net(), R.Net()
+    wrapper = amp(model, backend, opt_cls=torch.optim.SGD, lr=0.05,
+                  loss_scale=dict(init_scale=1024.0))
+    train(wrapper, model, data)
+    ref_wrapper = OptimWrapper(torch.optim.SGD(ref.parameters(), lr=0.05))
+    train(ref_wrapper, ref, data)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.float(), q, rtol=0, atol=5e-3)
+    assert wrapper.skipped_steps == 0
+
+
+@pytest.mark.parametrize('backend', BACKENDS)
+def test_amp_accumulation_equals_one_large_batch(backend):
+    small = R.make_data(4, batch_size=2)
+    large = (torch.cat([b[0] for b in small]), torch.cat([b[1] for b in small]))
+    model, ref = R.Net(), R.Net()
+    wrapper = amp(model, backend, opt_cls=torch.optim.SGD, lr=0.1, accumulative_counts=4,
+                  loss_scale=512.0)
+    ref_wrapper = amp(ref, backend, opt_cls=torch.optim.SGD, lr=0.1, loss_scale=512.0)
+    train(wrapper, model, small)
+    train(ref_wrapper, ref, [large])
+    masters = wrapper.master_params or list(model.parameters())
+    ref_masters = ref_wrapper.master_params or list(ref.parameters())
+    for p, q in zip(masters, ref_masters):
+        torch.testing.assert_close(p, q, rtol=0, atol=2e-3)
+
+
+# ---------------------------------------------------------------- AmpOptimWrapper, legacy
+
+
+def test_legacy_owns_float32_masters_and_converts_the_model():
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
+    originals = [p.detach().clone() for p in model.parameters()]
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    wrapper = AmpOptimWrapper(optimizer, backend='legacy', model=model, loss_scale=16.0)
+    assert wrapper.optimizer is optimizer
+    assert [p.dtype for p in model.parameters()] == [
+        torch.float16, torch.float16, torch.float32, torch.float32, torch.float16,
+        torch.float16]
+    masters = wrapper.master_params
+    assert masters == optimizer.param_groups[0]['params']
+    assert all(m.dtype == torch.float32 for m in masters)
+    assert all(torch.equal(m, o) for m, o in zip(masters, originals))
+    assert not any(m is p for m, p in zip(masters, model.parameters()))
+    assert isinstance(wrapper.loss_scaler, LossScaler)
+    with wrapper.optim_context(model):
+        out = model(torch.ones(3, 4))
+    assert out.dtype == torch.float32
+    assert not model._forward_hooks and not model._forward_pre_hooks
+    wrapper.update_params(out.sum())
+    assert all(p.grad is None for p in model.parameters())
+    assert all(m.grad is None for m in masters)
+    for m, p in zip(masters, model.parameters()):
+        assert torch.equal(m.to(p.dtype), p)
+    assert len(optimizer.state) == 6 and all(m in optimizer.state for m in masters)
+
+
+def test_legacy_rekeys_existing_optimizer_state():
+    model = R.Net()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    R.mse(model, R.make_data(1)[0]).backward()
+    optimizer.step()
+    steps = [optimizer.state[p]['step'].clone() for p in model.parameters()]
+    wrapper = AmpOptimWrapper(optimizer, backend='legacy', model=model, loss_scale=128.0)
+    assert [optimizer.state[m]['step'] for m in wrapper.master_params] == steps
+    train(wrapper, model, R.make_data(1))
+    assert all(optimizer.state[m]['step'].item() == 2 for m in wrapper.master_params)
+
+
+def test_legacy_needs_the_model_and_float32_params():
+    model = R.Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match='needs the model: pass'):
+        AmpOptimWrapper(optimizer, backend='legacy')
+    model.half()
+    with pytest.raises(ValueError, match='optimizer built on the float32 model'):
+        AmpOptimWrapper(optimizer, backend='legacy', model=model)
+    assert optimizer.param_groups[0]['params'] == list(model.parameters())
+
+
+def test_legacy_zero_grad_can_keep_tensors():
+    model = R.Net()
+    wrapper = amp(model, 'legacy', loss_scale=128.0)
+    with wrapper.optim_context(model):
+        loss = R.mse(model, R.make_data(1)[0])
+    wrapper.backward(loss)
+    wrapper.zero_grad(set_to_none=False)
+    assert all(p.grad is not None and not p.grad.any() for p in model.parameters())
+
+
+def test_legacy_rejects_an_inconsistent_backoff():
+    model = R.Net()
+    with pytest.raises(ValueError, match='backs off by 1/growth_factor'):
+        amp(model, 'legacy', loss_scale=dict(growth_factor=2.0, backoff_factor=0.25))
+    assert next(model.parameters()).dtype == torch.float32
+
+
+@pytest.fixture
+def torch_1_5(monkeypatch):
+    """Make fp16utils believe torch is 1.5.0 (no native AMP), env choice cleared."""
+    monkeypatch.delenv(fp16utils._torch.BACKEND_ENV, raising=False)
+    monkeypatch.setattr(fp16utils._torch, 'TORCH_VERSION', '1.5.0')
+    fp16utils._torch.refresh()
+    yield
+    monkeypatch.undo()
+    fp16utils._torch.refresh()
+
+
+def test_old_torch_defaults_to_legacy(torch_1_5):
+    model = R.Net()
+    with pytest.raises(ValueError, match='needs the model'):
+        AmpOptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1))
+    wrapper = amp(model, None, loss_scale=dict(init_scale=256.0))
+    assert wrapper.backend == 'legacy'
+    train(wrapper, model, R.make_data(2))
+    before = R.snapshot(model, wrapper.optimizer)
+    train(wrapper, model, [R.overflow_batch()])
+    R.assert_identical(before, R.snapshot(model, wrapper.optimizer))
+    assert wrapper.loss_scale == 128.0
+    with pytest.raises(ValueError, match='needs torch >= 1.6'):
+        AmpOptimWrapper(torch.optim.SGD(R.Net().parameters(), lr=0.1), backend='native')
+
+
+# ------------------------------------------------------------------------ loss_scale values
+
+
+@pytest.mark.parametrize('loss_scale, words', [
+    ('static', "got the string 'static'"),
+    (-1.0, 'not a finite number > 0'),
+    (0, 'not a finite number > 0'),
+    (math.inf, 'not a finite number > 0'),
+    (True, 'got bool True'),
+    ([512.0], 'got list'),
+    (dict(init_scale=8.0, window=3), "unknown key(s) ['window']"),
+    (dict(growth_factor=0.5), 'growth_factor (scale_factor) > 1'),
+    (dict(growth_interval=0), 'growth_interval (scale_window) must be an int >= 1'),
+    (dict(mode='sometimes'), "mode must be 'dynamic' or 'static'"),
+    (dict(init_scale=-3), 'init_scale must be a finite number > 0'),
+    (dict(scale_factor=2.0, growth_factor=2.0), 'give only one of them'),
+])
+@pytest.mark.parametrize('backend', BACKENDS)
+def test_bad_loss_scale_is_a_clear_value_error_and_changes_nothing(loss_scale, words, backend):
+    model = R.Net()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    params = list(model.parameters())
+    with pytest.raises(ValueError) as err:
+        AmpOptimWrapper(optimizer, loss_scale=loss_scale, backend=backend, model=model)
+    assert words in str(err.value) and 'loss_scale must be' in str(err.value)
+    assert optimizer.param_groups[0]['params'] == params
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+
+
+def test_mmcv_loss_scale_dict_works_on_native():
+    model = R.Net()
+    wrapper = amp(model, loss_scale=dict(init_scale=64.0, mode='dynamic', scale_factor=4.0,
+                                         scale_window=3))
+    state = wrapper.state_dict()['loss_scaler']
+    assert state == {'scale': 64.0, 'growth_factor': 4.0, 'backoff_factor': 0.25,
+                     'growth_interval': 3, '_growth_tracker': 0}
+
+
+def test_bad_dtype_and_backend():
+    params = [nn.Parameter(torch.ones(1))]
+    with pytest.raises(ValueError, match='Unsupported low-precision dtype'):
+        AmpOptimWrapper(torch.optim.SGD(params, lr=1), dtype=torch.float64)
+    with pytest.raises(ValueError, match='Unknown fp16utils backend'):
+        AmpOptimWrapper(torch.optim.SGD(params, lr=1), backend='apex')
+
+
+def test_half_parameters_on_native_say_to_use_legacy():
+    model = nn.Linear(2, 2).half()
+    wrapper = AmpOptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1), backend='native')
+    wrapper.backward(model(torch.ones(1, 2).half()).float().sum())
+    with pytest.raises(ValueError, match="backend='legacy'"):
+        wrapper.step()
+
+
+# ------------------------------------------------------------------------ state dicts
+
+
+def _roundtrip(obj):
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    buffer.seek(0)
+    return torch.load(buffer)  # weights_only: checkpoints hold tensors and plain data
+
+
+@pytest.mark.parametrize('backend', BACKENDS)
+def test_resume_mid_run_is_bit_identical(backend):
+    data = R.make_data(8)
+    data[2] = R.overflow_batch()
+    kwargs = dict(loss_scale=dict(init_scale=512.0, growth_interval=2),
+                  clip_grad=dict(max_norm=1.0), accumulative_counts=2)
+    model = R.Net()
+    wrapper = amp(model, backend, **kwargs)
+    wrapper.initialize_count_status(model, 0, len(data))
+    train(wrapper, model, data)
+
+    first = R.Net()
+    w1 = amp(first, backend, **kwargs)
+    w1.initialize_count_status(first, 0, len(data))
+    train(w1, first, data[:4])
+    ckpt = _roundtrip({'model': first.state_dict(), 'optim': w1.state_dict()})
+    assert ('master_params' in ckpt['optim']) == (backend == 'legacy')
+
+    resumed = R.Net(seed=123)
+    w2 = amp(resumed, backend, **kwargs)
+    resumed.load_state_dict(ckpt['model'])
+    snapshot = copy.deepcopy(ckpt['optim'])
+    w2.load_state_dict(ckpt['optim'])
+    assert ckpt['optim'].keys() == snapshot.keys()  # the argument is not changed
+    w2.initialize_count_status(resumed, 4, len(data))
+    assert w2.loss_scale == w1.loss_scale
+    train(w2, resumed, data[4:])
+    R.assert_identical(R.snapshot(model, wrapper.optimizer),
+                       R.snapshot(resumed, w2.optimizer))
+    assert w2.loss_scale == wrapper.loss_scale
+
+
+def test_scaler_state_crosses_backends():
+    mmcv_state = {'cur_scale': 1024.0, 'cur_iter': 10, 'mode': 'dynamic',
+                  'last_overflow_iter': 7, 'scale_factor': 2.0, 'scale_window': 5}
+    native_model, legacy_model = R.Net(), R.Net()
+    native = amp(native_model, 'native')
+    native.load_state_dict({**native.state_dict(), 'loss_scaler': mmcv_state})
+    assert native.loss_scaler.state_dict() == {
+        'scale': 1024.0, 'growth_factor': 2.0, 'backoff_factor': 0.5, 'growth_interval': 5,
+        '_growth_tracker': 2}
+    assert native.scale_history[-1] == (0, 1024.0)
+    legacy = amp(legacy_model, 'legacy')
+    legacy.load_state_dict({**legacy.state_dict(),
+                            'loss_scaler': native.state_dict()['loss_scaler']})
+    assert legacy.loss_scaler.loss_scale == 1024.0
+    assert legacy.loss_scaler.scale_window == 5
+    # mmcv would grow the scale at the third clean update from here; so do both.
+    for wrapper, model in ((native, native_model), (legacy, legacy_model)):
+        scales = []
+        for x, _ in R.make_data(4):
+            with wrapper.optim_context(model):
+                out = model(x)
+            wrapper.update_params(out.float().sum() * 0)
+            scales.append(wrapper.loss_scale)
+        assert scales == [1024.0, 1024.0, 2048.0, 2048.0]
+        assert wrapper.skipped_steps == 0
+
+
+def test_bad_scaler_state_is_rejected_before_anything_loads():
+    model = R.Net()
+    wrapper = amp(model)
+    train(wrapper, model, R.make_data(1))
+    state = copy.deepcopy(wrapper.state_dict())
+    state['loss_scaler'] = {'scale': 8.0}
+    lr_before = wrapper.get_lr()
+    state['param_groups'][0]['lr'] = 123.0
+    with pytest.raises(KeyError, match='missing'):
+        wrapper.load_state_dict(state)
+    assert wrapper.get_lr() == lr_before
+
+
+# ------------------------------------------------------------------------ OptimWrapperDict
+
+
+def _gan():
+    class GAN(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.generator = R.Net(seed=1)
+            self.discriminator = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+
+    return GAN()
+
+
+def test_optim_wrapper_dict_mapping_access_and_merged_lr():
+    gan = _gan()
+    g = OptimWrapper(torch.optim.Adam(gan.generator.parameters(), lr=1e-4, betas=(0.0, 0.99)))
+    d = OptimWrapper(torch.optim.SGD(gan.discriminator.parameters(), lr=4e-4, momentum=0.5))
+    wrappers = OptimWrapperDict(generator=g, discriminator=d)
+    assert wrappers['generator'] is g and 'discriminator' in wrappers and 'x' not in wrappers
+    assert len(wrappers) == 2 and list(wrappers) == ['generator', 'discriminator']
+    assert list(wrappers.keys()) == ['generator', 'discriminator']
+    assert list(wrappers.values()) == [g, d]
+    assert dict(wrappers.items()) == {'generator': g, 'discriminator': d}
+    assert wrappers.get_lr() == {'generator.lr': [1e-4], 'discriminator.lr': [4e-4]}
+    assert wrappers.get_momentum() == {'generator.momentum': [0.0],
+                                       'discriminator.momentum': [0.5]}
+    with pytest.raises(KeyError, match=r"no entry 'gen'; its entries are \['generator'"):
+        wrappers['gen']
+    assert 'OptimWrapperDict(generator=OptimWrapper' in repr(wrappers)
+
+
+@pytest.mark.parametrize('call', [
+    lambda w: w.update_params(torch.tensor(1.0)),
+    lambda w: w.step(),
+    lambda w: w.backward(torch.tensor(1.0)),
+    lambda w: w.zero_grad(),
+    lambda w: w.optim_context(nn.Identity()),
+    lambda w: w.param_groups,
+])
+def test_optim_wrapper_dict_refuses_to_step_as_a_whole(call):
+    gan = _gan()
+    wrappers = OptimWrapperDict(
+        generator=OptimWrapper(torch.optim.SGD(gan.generator.parameters(), lr=0.1)),
+        discriminator=OptimWrapper(torch.optim.SGD(gan.discriminator.parameters(), lr=0.1)))
+    with pytest.raises(NotImplementedError) as err:
+        call(wrappers)
+    message = str(err.value)
+    assert "['generator', 'discriminator']" in message
+    assert "optim_wrapper['generator']." in message
+
+
+def test_optim_wrapper_dict_state_round_trip_and_errors():
+    gan = _gan()
+    wrappers = build_optim_wrapper(gan, dict(
+        constructor='MultiOptimWrapperConstructor',
+        generator=dict(type='AmpOptimWrapper', optimizer=dict(type='Adam', lr=1e-3)),
+        discriminator=dict(optimizer=dict(type='Adam', lr=1e-3))))
+    state = wrappers.state_dict()
+    assert set(state) == {'generator', 'discriminator'}
+    assert 'loss_scaler' in state['generator'] and 'loss_scaler' not in state['discriminator']
+    with pytest.raises(KeyError, match=r"\['critic'\], which are not entries"):
+        wrappers.load_state_dict({'generator': state['generator'], 'critic': {}})
+    wrappers.load_state_dict(state)
+    with pytest.raises(TypeError, match="entry 'generator' must be an OptimWrapper"):
+        OptimWrapperDict(generator=torch.optim.SGD(gan.generator.parameters(), lr=0.1))
+
+
+def test_optim_wrapper_dict_initializes_every_count():
+    gan = _gan()
+    wrappers = OptimWrapperDict(
+        generator=OptimWrapper(torch.optim.SGD(gan.generator.parameters(), lr=0.1)),
+        discriminator=OptimWrapper(torch.optim.SGD(gan.discriminator.parameters(), lr=0.1)))
+    wrappers.initialize_count_status(gan, 4, 10)
+    assert [w.inner_count for w in wrappers.values()] == [4, 4]
+    assert [w.max_counts for w in wrappers.values()] == [10, 10]
+
+
+# ------------------------------------------------------------------------ build_optim_wrapper
+
+
+def test_build_single_wrappers():
+    model = R.Net()
+    plain = build_optim_wrapper(model, dict(optimizer=dict(type='SGD', lr=0.1, momentum=0.9)))
+    assert type(plain) is OptimWrapper and isinstance(plain.optimizer, torch.optim.SGD)
+    assert plain.get_momentum() == {'momentum': [0.9]}
+    cfg = dict(type='AmpOptimWrapper', constructor='DefaultOptimWrapperConstructor',
+               optimizer=dict(type='AdamW', lr=1e-3, weight_decay=0.01),
+               accumulative_counts=2, clip_grad=dict(max_norm=1.0), loss_scale=256.0,
+               dtype='bfloat16', backend='native')
+    frozen = copy.deepcopy(cfg)
+    wrapper = build_optim_wrapper(model, cfg)
+    assert cfg == frozen
+    assert isinstance(wrapper, AmpOptimWrapper) and isinstance(wrapper.optimizer,
+                                                                torch.optim.AdamW)
+    assert wrapper.dtype == torch.bfloat16 and wrapper.accumulative_counts == 2
+    assert wrapper.clip_grad['max_norm'] == 1.0
+    direct = build_optim_wrapper(model, dict(type=AmpOptimWrapper,
+                                             optimizer=dict(type=torch.optim.RMSprop, lr=1)))
+    assert isinstance(direct.optimizer, torch.optim.RMSprop)
+
+
+def test_build_single_legacy_converts_the_model():
+    model = R.Net()
+    wrapper = build_optim_wrapper(model, dict(
+        type='AmpOptimWrapper', constructor='OptimWrapperConstructor',
+        optimizer=dict(type='Adam', lr=1e-3), backend='legacy', dtype=torch.float16))
+    assert wrapper.backend == 'legacy'
+    assert next(model.parameters()).dtype == torch.float16
+    assert all(m.dtype == torch.float32 for m in wrapper.master_params)
+
+
+def test_build_multi_from_the_seed_config():
+    cfg = dict(
+        constructor='MultiOptimWrapperConstructor',
+        generator=dict(optimizer=dict(type='Adam', lr=0.0002, betas=(0.0, 0.999), eps=1e-6)),
+        discriminator=dict(
+            optimizer=dict(type='Adam', lr=0.0004, betas=(0.0, 0.999), eps=1e-6)))
+    frozen = copy.deepcopy(cfg)
+    gan = _gan()
+    wrappers = build_optim_wrapper(gan, cfg)
+    assert cfg == frozen
+    assert isinstance(wrappers, OptimWrapperDict)
+    assert wrappers.get_lr() == {'generator.lr': [0.0002], 'discriminator.lr': [0.0004]}
+    gen_params = wrappers['generator'].param_groups[0]['params']
+    assert gen_params == list(gan.generator.parameters())
+
+
+def test_build_amp_per_name_under_optim_wrapper_constructor():
+    cfg = dict(
+        constructor='OptimWrapperConstructor',
+        generator=dict(accumulative_counts=8, type='AmpOptimWrapper', loss_scale='dynamic',
+                       optimizer=dict(type='Adam', lr=0.0001, betas=(0.0, 0.999), eps=1e-06)),
+        discriminator=dict(accumulative_counts=8, type='AmpOptimWrapper', loss_scale='dynamic',
+                           optimizer=dict(type='Adam', lr=0.0004, betas=(0.0, 0.999),
+                                          eps=1e-06)))
+    wrappers = build_optim_wrapper(_gan(), cfg)
+    assert [type(w).__name__ for w in wrappers.values()] == ['AmpOptimWrapper'] * 2
+    assert [w.accumulative_counts for w in wrappers.values()] == [8, 8]
+
+
+def test_build_unwraps_data_parallel():
+    gan = _gan()
+    wrappers = build_optim_wrapper(nn.DataParallel(gan), dict(
+        constructor='MultiOptimWrapperConstructor',
+        generator=dict(optimizer=dict(type='SGD', lr=0.1))))
+    assert list(wrappers) == ['generator']
+
+
+@pytest.mark.parametrize('cfg, error, words', [
+    (dict(type='FancyWrapper', optimizer=dict(type='SGD', lr=0.1)), ValueError,
+     "unknown wrapper type 'FancyWrapper'; expected one of ['OptimWrapper', 'AmpOptimWrapper']"),
+    (dict(optimizer=dict(type='Adamm', lr=0.1)), ValueError,
+     "unknown optimizer type 'Adamm'; expected a torch.optim class name, one of"),
+    (dict(optimizer=dict(lr=0.1)), ValueError, "must be a dict with a 'type'"),
+    (dict(type='OptimWrapper'), ValueError, "missing 'optimizer'"),
+    (dict(optimizer=dict(type='SGD', lr=0.1), loss_scale=512.0), ValueError,
+     "belong to type='AmpOptimWrapper'"),
+    (dict(optimizer=dict(type='SGD', lr=0.1), paramwise_cfg=dict()), ValueError,
+     'paramwise_cfg is not supported'),
+    (dict(type='AmpOptimWrapper', optimizer=dict(type='SGD', lr=0.1), loss_scale='auto'),
+     ValueError, 'loss_scale must be'),
+    (dict(type='AmpOptimWrapper', optimizer=dict(type='SGD', lr=0.1), dtype='float64'),
+     ValueError, 'Unsupported low-precision dtype'),
+    (dict(optimizer=dict(type='SGD', lr=0.1), clip_grad=dict(max_norm='big')), ValueError,
+     'max_norm must be'),
+    (dict(optimizer=dict(type='SGD', lr=0.1, momentm=0.9)), TypeError,
+     "optim_wrapper.optimizer: SGD rejected {'lr': 0.1, 'momentm': 0.9}"),
+    (dict(constructor='MyConstructor', optimizer=dict(type='SGD', lr=0.1)), ValueError,
+     "unknown constructor 'MyConstructor'"),
+    (dict(constructor='MultiOptimWrapperConstructor'), ValueError,
+     'needs one config per sub-model'),
+])
+def test_build_errors_are_clear(cfg, error, words):
+    model = R.Net()
+    frozen = copy.deepcopy(cfg)
+    with pytest.raises(error) as err:
+        build_optim_wrapper(model, cfg)
+    assert words in str(err.value)
+    assert cfg == frozen
+
+
+def test_unknown_optimizer_lists_what_exists():
+    with pytest.raises(ValueError) as err:
+        build_optim_wrapper(R.Net(), dict(optimizer=dict(type='Adamm', lr=0.1)))
+    assert "'Adam'" in str(err.value) and "'SGD'" in str(err.value)
+
+
+def test_unknown_submodule_names_what_exists_and_changes_nothing():
+    gan = _gan()
+    cfg = dict(constructor='MultiOptimWrapperConstructor',
+               generator=dict(type='AmpOptimWrapper', backend='legacy',
+                              optimizer=dict(type='Adam', lr=1e-3)),
+               critic=dict(optimizer=dict(type='Adam', lr=1e-3)))
+    with pytest.raises(ValueError) as err:
+        build_optim_wrapper(gan, cfg)
+    assert "has no sub-module 'critic'; its sub-modules are ['generator', 'discriminator']" in (
+        str(err.value))
+    assert all(p.dtype == torch.float32 for p in gan.parameters())
+    bad_entry = dict(constructor='MultiOptimWrapperConstructor', generator='Adam')
+    with pytest.raises(ValueError, match='must be a wrapper config dict'):
+        build_optim_wrapper(gan, bad_entry)
+
+
+def test_build_type_errors():
+    with pytest.raises(TypeError, match='takes an nn.Module'):
+        build_optim_wrapper('model', {})
+    with pytest.raises(TypeError, match='takes a config dict'):
+        build_optim_wrapper(R.Net(), [('optimizer', {})])
