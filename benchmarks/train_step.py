@@ -20,12 +20,18 @@ Run:
     python benchmarks/train_step.py                  # cuda if available, else cpu
     python benchmarks/train_step.py --quick          # a few seconds
     python benchmarks/train_step.py --device cpu --dtype bfloat16 --steps 50 --repeats 7
+
+On CPU, time is the process's CPU time with one torch thread (``--threads``
+changes it), so that other work on a shared machine does not leak in; the
+tiny model is overhead-bound and shows the per-step Python cost.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import logging
+import math
 import platform
 import statistics
 import time
@@ -43,17 +49,17 @@ Step = Callable[[Batch], None]
 
 
 class ConvNet(nn.Module):
-    """A small conv net for 3x32x32 images, 10 classes."""
+    """A small conv net for 3x16x16 images, 10 classes."""
 
     def __init__(self) -> None:
         super().__init__()
         self.fp16_enabled = False
         self.features = nn.Sequential(
-            nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(),
-            nn.Conv2d(32, 64, 3, stride=2, padding=1), nn.ReLU(),
-            nn.Conv2d(64, 64, 3, stride=2, padding=1), nn.ReLU(),
+            nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(),
+            nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.ReLU(),
+            nn.Conv2d(32, 32, 3, stride=2, padding=1), nn.ReLU(),
             nn.AdaptiveAvgPool2d(1), nn.Flatten())
-        self.head = nn.Linear(64, 10)
+        self.head = nn.Linear(32, 10)
 
     @auto_fp16()
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -61,23 +67,38 @@ class ConvNet(nn.Module):
 
 
 class MLP(nn.Module):
-    """A small MLP, 256 -> 512 -> 512 -> 10."""
+    """A small MLP, 128 -> 256 -> 256 -> 10."""
 
     def __init__(self) -> None:
         super().__init__()
         self.fp16_enabled = False
-        self.net = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
-                                 nn.Linear(512, 10))
+        self.net = nn.Sequential(nn.Linear(128, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
+                                 nn.Linear(256, 10))
 
     @auto_fp16()
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
 
 
+class Tiny(nn.Module):
+    """One small linear layer: almost no compute, so per-step Python overhead shows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fp16_enabled = False
+        self.fc = nn.Linear(16, 10)
+
+    @auto_fp16()
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x)
+
+
 MODELS = {
-    'conv net (bs 32, 3x32x32)': (ConvNet, lambda g, n: torch.randn(n, 3, 32, 32, generator=g),
-                                  32),
-    'MLP (bs 64, 256-512-512-10)': (MLP, lambda g, n: torch.randn(n, 256, generator=g), 64),
+    'conv net (bs 16, 3x16x16, 3 convs)': (
+        ConvNet, lambda g, n: torch.randn(n, 3, 16, 16, generator=g), 16),
+    'MLP (bs 64, 128-256-256-10)': (MLP, lambda g, n: torch.randn(n, 128, generator=g), 64),
+    'tiny linear (bs 8, 16-10; overhead-bound)': (
+        Tiny, lambda g, n: torch.randn(n, 16, generator=g), 8),
 }
 
 
@@ -201,54 +222,73 @@ def _sync(device: str) -> None:
 
 
 def time_steps(step: Step, data: List[Batch], steps: int, device: str) -> float:
-    """Seconds per step over ``steps`` steps."""
+    """Seconds per step over ``steps`` steps.
+
+    On CPU this is the process's CPU time (robust to other processes on a
+    shared machine); elsewhere wall time between device synchronisations.
+    """
+    clock = time.process_time if device == 'cpu' else time.perf_counter
     batches = itertools.islice(itertools.cycle(data), steps)
     _sync(device)
-    start = time.perf_counter()
+    start = clock()
     for batch in batches:
         step(batch)
     _sync(device)
-    return (time.perf_counter() - start) / steps
+    return (clock() - start) / steps
 
 
 def bench_model(name: str, model_cls: type, make_x: Callable, batch_size: int,
-                args: argparse.Namespace) -> List[Tuple[str, float, float]]:
+                args: argparse.Namespace) -> Tuple[int, List[Tuple[str, float, float]]]:
     device = args.device
     dtype = fp16utils._torch.resolve_dtype(args.dtype)
     data = make_data(make_x, batch_size, device)
     steps = {label: make(model_cls, device, dtype) for label, make in VARIANTS.items()}
     for step in steps.values():  # warm up: first-call costs, the scaler settling
         time_steps(step, data, args.warmup, device)
+    # Enough steps per timed block that the clock's resolution and noise do not matter.
+    per_step = time_steps(steps[BASELINE], data, args.warmup, device)
+    count = max(args.steps, math.ceil(args.min_block / max(per_step, 1e-9)))
     times: Dict[str, List[float]] = {label: [] for label in steps}
     for repeat in range(args.repeats):
         order = list(steps)
         if repeat % 2:
             order.reverse()
         for label in order:
-            times[label].append(time_steps(steps[label], data, args.steps, device))
+            times[label].append(time_steps(steps[label], data, count, device))
     base = statistics.median(times[BASELINE])
-    return [(label, 1.0 / statistics.median(t), statistics.median(t) / base)
-            for label, t in times.items()]
+    return count, [(label, 1.0 / statistics.median(t), statistics.median(t) / base)
+                   for label, t in times.items()]
 
 
 def main(argv: List[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     parser.add_argument('--dtype', default='float16', choices=['float16', 'bfloat16'])
-    parser.add_argument('--steps', type=int, default=40, help='steps per timed block')
+    parser.add_argument('--steps', type=int, default=40,
+                        help='steps per timed block (at least; see --min-block)')
+    parser.add_argument('--min-block', type=float, default=0.25,
+                        help='seconds a timed block lasts at least (more steps for fast models)')
     parser.add_argument('--repeats', type=int, default=9, help='interleaved repeats')
     parser.add_argument('--warmup', type=int, default=10, help='untimed steps per variant')
+    parser.add_argument('--threads', type=int, default=None,
+                        help='torch threads (default: 1 on cpu, so that CPU time is clean)')
     parser.add_argument('--quick', action='store_true', help='few steps, for a smoke run')
     args = parser.parse_args(argv)
     if args.quick:
-        args.steps, args.repeats, args.warmup = 5, 3, 3
+        args.steps, args.repeats, args.warmup, args.min_block = 5, 3, 3, 0.02
+    # Skipped steps (the dynamic scale probing upwards) are normal here: don't log them.
+    logging.getLogger('fp16utils').setLevel(logging.ERROR)
+    threads = args.threads or (1 if args.device == 'cpu' else None)
+    if threads:
+        torch.set_num_threads(threads)
     print(f'torch {torch.__version__}, fp16utils {fp16utils.__version__}, '
           f'device {args.device}, dtype {args.dtype}, threads {torch.get_num_threads()}, '
           f'{platform.processor() or platform.machine()}; '
-          f'{args.steps} steps x {args.repeats} repeats, medians')
+          f'{args.repeats} interleaved repeats, medians of '
+          f"{'process CPU time' if args.device == 'cpu' else 'wall time'}")
     for name, (model_cls, make_x, batch_size) in MODELS.items():
-        rows = bench_model(name, model_cls, make_x, batch_size, args)
-        print(f'\n### {name}\n')
+        count, rows = bench_model(name, model_cls, make_x, batch_size, args)
+        print(f'\n### {name}: {count} steps per block\n')
         print('| variant | steps/s | time vs hand-written amp |')
         print('| --- | ---: | ---: |')
         for label, rate, ratio in rows:

@@ -48,13 +48,17 @@ from . import _torch
 from .optim import (
     _MMCV_DYNAMIC,
     _TORCH_DYNAMIC,
+    _check_nonfinite_policy,
     _check_state_keys,
     _clip,
     _Engine,
+    _flat_params,
     _LegacyEngine,
     _NativeEngine,
     _parse_clip_grad,
     _parse_loss_scale,
+    _pending_grads,
+    _restore_grads,
     _ScaleSpec,
 )
 from .wrap import wrap_fp16_model
@@ -102,11 +106,14 @@ def _allreduce_grads(params: List[Any], coalesce: bool = True,
     process. With ``coalesce`` the gradients are flattened into one buffer
     per device and dtype (or per bucket of ``bucket_size_mb`` when > 0) and
     reduced with one ``all_reduce`` each; otherwise one ``all_reduce`` per
-    gradient.
+    gradient, and one for the per-parameter "has a gradient" flags (which
+    ride in the first bucket when coalescing).
 
     Args:
-        params: Parameters whose gradients to average (those without a
-            gradient, or not requiring one, are left out).
+        params: Parameters whose gradients to average (those not requiring a
+            gradient are left out). A parameter that has a gradient on some
+            ranks only is reduced with zeros from the others; one that has
+            none anywhere keeps None.
         coalesce: Reduce flattened buckets instead of single tensors.
         bucket_size_mb: Bucket size limit in MiB; <= 0 means one bucket per
             device and dtype.
@@ -121,19 +128,42 @@ def _allreduce_grads(params: List[Any], coalesce: bool = True,
     world_size = _world_size()
     if world_size <= 1:
         return
-    grads = [p.grad for p in params if p.requires_grad and p.grad is not None]
-    if not grads:
+    params = [p for p in params if p.requires_grad]
+    if not params:
         return
-    if not coalesce:
+    # Every rank must reduce the same buffers, or the collectives disagree (gloo
+    # aborts, nccl hangs): a parameter without a gradient here joins with zeros.
+    # Which ranks had a gradient travels in the first bucket (one flag per
+    # parameter, no extra collective), so a parameter that no rank has a
+    # gradient for gets None back, as in a single process.
+    missing = [p for p in params if p.grad is None]
+    for p in missing:
+        p.grad = torch.zeros_like(p, memory_format=torch.preserve_format)
+    grads = [p.grad for p in params]
+    missing_ids = {id(p) for p in missing}
+    present = [id(p) not in missing_ids for p in params] if missing else None
+    if coalesce:
+        buckets = _buckets(grads, bucket_size_mb)
+        first = buckets[0][0]
+        flags = torch.tensor(present or [True] * len(params), dtype=first.dtype,
+                             device=first.device)
+        buckets[0] = [*buckets[0], flags]
+        for bucket in buckets:
+            flat = _flatten_dense_tensors(bucket)
+            dist.all_reduce(flat)
+            flat.div_(world_size)
+            torch._foreach_copy_(bucket, list(_unflatten_dense_tensors(flat, bucket)))
+    else:
+        flags = torch.tensor(present or [True] * len(params), dtype=torch.float32,
+                             device=params[0].device)
         torch._foreach_div_(grads, float(world_size))
         for grad in grads:
             dist.all_reduce(grad)
-        return
-    for bucket in _buckets(grads, bucket_size_mb):
-        flat = _flatten_dense_tensors(bucket)
-        dist.all_reduce(flat)
-        flat.div_(world_size)
-        torch._foreach_copy_(bucket, list(_unflatten_dense_tensors(flat, bucket)))
+        dist.all_reduce(flags)
+    if missing:  # read the flags (one sync) only when this rank lacked a gradient
+        for p, count in zip(params, flags.tolist()):
+            if count == 0:
+                p.grad = None
 
 
 class Fp16OptimizerHook:
@@ -163,6 +193,9 @@ class Fp16OptimizerHook:
         dtype: The low-precision dtype (float16 by default; bfloat16 needs no
             loss scaling and gets none).
         backend: ``'native'``, ``'legacy'`` or None for the default.
+        nonfinite: ``'warn'`` (default), ``'raise'`` or ``'ignore'``: what to do
+            with an inf/nan gradient when no dynamic scale can back off; see
+            :class:`~fp16utils.optim.AmpOptimWrapper`.
 
     Attributes:
         skipped_steps: Steps skipped for non-finite gradients.
@@ -181,8 +214,9 @@ class Fp16OptimizerHook:
                  bucket_size_mb: float = -1,
                  loss_scale: Union[str, float, Mapping[str, Any]] = 512.,
                  distributed: bool = True, *, dtype: Union[torch.dtype, str, None] = None,
-                 backend: Optional[str] = None) -> None:
+                 backend: Optional[str] = None, nonfinite: str = 'warn') -> None:
         owner = type(self).__name__
+        self.nonfinite = _check_nonfinite_policy(nonfinite, owner)
         self.grad_clip = dict(grad_clip) if grad_clip is not None else None
         self._clip = _parse_clip_grad(grad_clip, owner)
         self.backend = _torch.resolve_backend(backend)
@@ -197,6 +231,7 @@ class Fp16OptimizerHook:
         self._grad_norm: Optional[torch.Tensor] = None
         self._clip_call: Optional[Callable[[], None]] = None
         self._model_only: List[nn.Parameter] = []
+        self._restored_iter: Optional[int] = None
 
     # -- read-only state --------------------------------------------------------------------
 
@@ -238,14 +273,15 @@ class Fp16OptimizerHook:
         if engine is not None and optimizer is self._optimizer:
             pass  # a second run with the same optimizer: already prepared
         elif self.backend == 'legacy':
-            engine = _LegacyEngine(optimizer, self._spec, self.dtype, owner)
+            engine = _LegacyEngine(optimizer, self._spec, self.dtype, owner, self.nonfinite)
             if self.distributed:
                 engine.reduce = self._reduce
             wrap_fp16_model(model, self.dtype, backend='legacy')
         else:
             wrap_fp16_model(model, self.dtype, backend='native')
             first = optimizer.param_groups[0]['params'][0]
-            engine = _NativeEngine(self._spec, self.dtype, lambda: first.device.type)
+            engine = _NativeEngine(self._spec, self.dtype, lambda: first.device.type,
+                                   self.nonfinite)
         self._engine = engine
         self._optimizer = optimizer
         self._clip_call = self._make_clip(model, engine)
@@ -259,6 +295,19 @@ class Fp16OptimizerHook:
             engine.load_state_dict(state, step, owner)
         if isinstance(engine, _LegacyEngine) and fp16_meta.get('master_params') is not None:
             engine.load_masters(fp16_meta['master_params'], owner)
+        pending = fp16_meta.get('pending_window')
+        self._restored_iter = None
+        if pending is not None and int(pending['iter']) == step:
+            _restore_grads(self._grad_params(), list(pending['grads']), owner)
+            self._restored_iter = step
+
+    def _grad_params(self) -> List[Any]:
+        """The tensors whose ``.grad`` accumulates over a window."""
+        engine = self._engine
+        if isinstance(engine, _LegacyEngine):
+            return engine.model_params
+        assert self._optimizer is not None
+        return _flat_params(self._optimizer)
 
     def _reduce(self, masters: List[nn.Parameter]) -> None:
         if _world_size() > 1:
@@ -393,11 +442,13 @@ class GradientCumulativeFp16OptimizerHook(Fp16OptimizerHook):
 
     def _init(self, runner: Any) -> None:
         run_logger = getattr(runner, 'logger', None)
-        if runner.iter % self.cumulative_iters != 0 and run_logger is not None:
+        if (runner.iter % self.cumulative_iters != 0 and run_logger is not None
+                and self._restored_iter != runner.iter):
             run_logger.warning(
                 f'Resumed at iteration {runner.iter}, which is not a multiple of '
-                f'cumulative_iters={self.cumulative_iters}: the gradients of the interrupted '
-                'accumulation window are lost.')
+                f'cumulative_iters={self.cumulative_iters}, without the gradients of the '
+                "interrupted accumulation window (save runner.meta with the checkpoint to "
+                'keep them).')
         if self.cumulative_iters > 1 and run_logger is not None and any(
                 isinstance(m, _BatchNorm) for m in runner.model.modules()):
             run_logger.warning(
@@ -430,6 +481,15 @@ class GradientCumulativeFp16OptimizerHook(Fp16OptimizerHook):
         if (it + 1) % self.cumulative_iters == 0 or it + 1 == runner.max_iters:
             self._update(runner)
             self._zero_grad(runner)
+            if runner.meta:
+                runner.meta.get('fp16', {}).pop('pending_window', None)
+        else:
+            # A checkpoint saved now keeps the window's gradients (references: the
+            # checkpoint hook serialises them after this hook has run).
+            if runner.meta is None:
+                runner.meta = {}
+            runner.meta.setdefault('fp16', {})['pending_window'] = {
+                'iter': it + 1, 'grads': _pending_grads(self._grad_params(), copy=False)}
 
     def __repr__(self) -> str:
         return (f'{type(self).__name__}(cumulative_iters={self.cumulative_iters}, '

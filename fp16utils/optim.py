@@ -38,7 +38,21 @@ import math
 import sys
 import weakref
 from collections import defaultdict
-from typing import Any, Callable, Dict, Iterator, List, Mapping, NamedTuple, Optional, Tuple, Union
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    ItemsView,
+    Iterator,
+    KeysView,
+    List,
+    Mapping,
+    NamedTuple,
+    Optional,
+    Tuple,
+    Union,
+    ValuesView,
+)
 
 import torch
 from torch import nn
@@ -46,15 +60,19 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from . import _torch
 from .cast import cast_tensor_type
-from .scaler import LossScaler, non_finite_check_
+from .scaler import LossScaler, _dense_grads, non_finite_check_
 from .wrap import wrap_fp16_model
 
-__all__ = ['AmpOptimWrapper', 'OptimWrapper', 'OptimWrapperDict', 'build_optim_wrapper']
+__all__ = ['AmpOptimWrapper', 'MIN_LOSS_SCALE', 'NONFINITE_POLICIES', 'OptimWrapper',
+           'OptimWrapperDict', 'build_optim_wrapper']
 
 logger = logging.getLogger('fp16utils')
 
 #: How many ``(step, scale)`` entries ``scale_history`` keeps (the latest ones).
 SCALE_HISTORY_LEN = 64
+#: The native loss scale never backs off below this (nor below its initial value),
+#: as mmcv's LossScaler never goes below 1.
+MIN_LOSS_SCALE = 1.0
 
 _Tensor = torch.Tensor
 _clip_grad_norm_ = torch.nn.utils.clip_grad_norm_
@@ -280,7 +298,47 @@ def _flat_params(optimizer: torch.optim.Optimizer) -> List[_Tensor]:
     return [p for group in optimizer.param_groups for p in group['params']]
 
 
+def _pending_grads(params: List[_Tensor], copy: bool) -> List[Optional[_Tensor]]:
+    """The gradients accumulated so far in an unfinished window (copies, or references)."""
+    if copy:
+        return [None if p.grad is None else p.grad.detach().clone() for p in params]
+    return [p.grad for p in params]
+
+
+def _restore_grads(params: List[_Tensor], grads: List[Optional[_Tensor]], owner: str) -> None:
+    """Put saved pending gradients back; nothing is changed when they do not fit."""
+    if len(grads) != len(params) or any(
+            g is not None and g.shape != p.shape for p, g in zip(params, grads)):
+        raise ValueError(
+            f'{owner}: the saved pending gradients ({len(grads)} tensors) do not match the '
+            f'{len(params)} parameters here; load a state saved from the same model and '
+            'optimizer.')
+    for p, g in zip(params, grads):
+        p.grad = None if g is None else g.detach().to(p.device, p.dtype, copy=True)
+
+
 # --------------------------------------------------------------------------- scaling engines
+
+
+#: What to do with non-finite gradients when no dynamic loss scale can back off
+#: (bfloat16, scaling disabled, or a static scale).
+NONFINITE_POLICIES = ('warn', 'raise', 'ignore')
+
+
+def _check_nonfinite_policy(nonfinite: Any, owner: str) -> str:
+    if nonfinite not in NONFINITE_POLICIES:
+        raise ValueError(
+            f'{owner}: nonfinite must be one of {NONFINITE_POLICIES} (what to do with an '
+            'inf/nan gradient when no dynamic loss scale can back off: skip the update '
+            f'with a warning, raise FloatingPointError, or apply it); got {nonfinite!r}.')
+    return nonfinite
+
+
+def _nonfinite_error(step: int, why: str) -> FloatingPointError:
+    return FloatingPointError(
+        f'step {step}: non-finite gradients (inf/nan) {why}; the update was not applied '
+        '(parameters and optimizer state are unchanged). Look for the cause with '
+        "fp16utils.find_overflow(model), or pass nonfinite='warn' to skip such steps.")
 
 
 class _ScaleRecord:
@@ -291,9 +349,24 @@ class _ScaleRecord:
 
     enabled: bool
 
-    def __init__(self) -> None:
+    def __init__(self, nonfinite: str = 'warn') -> None:
         self.skipped_steps = 0
         self.scale_history: List[Tuple[int, float]] = []
+        self.nonfinite = nonfinite
+
+    def _unscaled_skip(self, grads: List[_Tensor], step: int) -> bool:
+        """No loss scaling: apply the non-finite policy; True when the step is skipped.
+
+        One fused check and one device sync, unless the policy is ``'ignore'``.
+        """
+        if self.nonfinite == 'ignore' or not grads or not non_finite_check_(grads):
+            return False
+        if self.nonfinite == 'raise':
+            raise _nonfinite_error(step, 'and no loss scaling to back off')
+        self.skipped_steps += 1
+        logger.warning('step %d: non-finite gradients (inf/nan) and no loss scaling to back '
+                       'off; update skipped', step)
+        return True
 
     def _note_scale(self, step: int, scale: float) -> None:
         history = self.scale_history
@@ -330,10 +403,13 @@ class _NativeEngine(_ScaleRecord):
     """
 
     def __init__(self, spec: _ScaleSpec, dtype: torch.dtype,
-                 device_type: Callable[[], str]) -> None:
-        super().__init__()
+                 device_type: Callable[[], str], nonfinite: str = 'warn') -> None:
+        super().__init__(nonfinite)
         self.enabled = spec.enabled and _torch.needs_loss_scaling(dtype)
         self.static = spec.static
+        # GradScaler has no floor: a long run of overflows would shrink the scale
+        # until 1/scale is inf and unscaling a clean gradient gives 0 * inf = nan.
+        self._min_scale = min(MIN_LOSS_SCALE, spec.init_scale)
         self._device_type = device_type
         self._scaler: Optional[torch.amp.GradScaler] = None
         self._scale = spec.init_scale
@@ -374,6 +450,9 @@ class _NativeEngine(_ScaleRecord):
         scaler = self._scaler
         if not self.enabled or scaler is None or scaler._scale is None:
             # No loss scaling (bfloat16, or disabled), or no scaled backward yet.
+            if self.nonfinite != 'ignore' and self._unscaled_skip(
+                    _dense_grads(_flat_params(optimizer)), step):
+                return True
             if clip is not None:
                 clip()
             optimizer.step(**kwargs)
@@ -408,10 +487,15 @@ class _NativeEngine(_ScaleRecord):
         old = self._scale
         if self.static:
             scaler.update(old)
+            if skipped and self.nonfinite == 'raise':
+                raise _nonfinite_error(step, f'with the static loss scale {old}')
         elif skipped:
             scaler.update()
             self._tracker = 0
             self._scale = scaler.get_scale()
+            if self._scale < self._min_scale:
+                scaler.update(self._min_scale)
+                self._scale = self._min_scale
         else:
             scaler.update()
             self._tracker += 1
@@ -476,8 +560,8 @@ class _LegacyEngine(_ScaleRecord):
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, spec: _ScaleSpec,
-                 dtype: torch.dtype, owner: str) -> None:
-        super().__init__()
+                 dtype: torch.dtype, owner: str, nonfinite: str = 'warn') -> None:
+        super().__init__(nonfinite)
         originals = _flat_params(optimizer)
         bad = sorted({str(p.dtype) for p in originals if p.dtype != torch.float32})
         if bad:
@@ -565,9 +649,18 @@ class _LegacyEngine(_ScaleRecord):
         grads = self.copy_grads_to_masters()
         if self.reduce is not None:
             self.reduce(self.masters)
+            # The reduction may give a master a gradient it had not (another rank had one).
+            grads = [m.grad for m in self.masters if m.grad is not None]
         scaler = self.loss_scaler
         old = scaler.cur_scale
-        overflow = self.enabled and non_finite_check_(grads, 1.0 / old)
+        if not self.enabled:
+            if self._unscaled_skip(grads, step):
+                return True
+            overflow = False
+        else:
+            overflow = non_finite_check_(grads, 1.0 / old)
+            if overflow and scaler.mode == 'static' and self.nonfinite == 'raise':
+                raise _nonfinite_error(step, f'with the static loss scale {old}')
         if not overflow:
             if clip is not None:
                 clip()
@@ -679,6 +772,7 @@ class OptimWrapper:
         self.optimizer = optimizer
         self.grad_norm: Optional[_Tensor] = None
         self._inner_count = 0
+        self._restored_count: Optional[int] = None
         self._max_counts = -1
         self._remainder_counts = -1
 
@@ -726,12 +820,18 @@ class OptimWrapper:
             >>> w.max_counts
             6
         """
+        restored = self._restored_count
+        self._restored_count = None
         self._inner_count = int(init_counts)
         self._max_counts = int(max_counts)
-        if self._inner_count % self._accumulative_counts != 0:
+        if restored is not None and restored != self._inner_count:
+            for p in self._grad_params():  # they belong to another iteration: drop them
+                p.grad = None
+        if self._inner_count % self._accumulative_counts != 0 and restored != self._inner_count:
             logger.warning(
-                'Resumed at iteration %d, which is not a multiple of accumulative_counts=%d: '
-                'the gradients of the interrupted accumulation window are lost.',
+                'Resumed at iteration %d, which is not a multiple of accumulative_counts=%d, '
+                'without the gradients of the interrupted accumulation window (save the '
+                "wrapper's state_dict() with the checkpoint to keep them).",
                 self._inner_count, self._accumulative_counts)
         if self._accumulative_counts > 1 and any(
                 isinstance(m, _BatchNorm) for m in model.modules()):
@@ -861,13 +961,40 @@ class OptimWrapper:
                 momentum.append(0)
         return {'momentum': momentum}
 
+    def _grad_params(self) -> List[_Tensor]:
+        """The tensors whose ``.grad`` accumulates over a window."""
+        return _flat_params(self.optimizer)
+
+    def _add_pending(self, state: Dict[str, Any]) -> Dict[str, Any]:
+        """Add the unfinished accumulation window (if any) to ``state``."""
+        if self._inner_count % self._accumulative_counts:
+            state['pending_window'] = {
+                'inner_count': self._inner_count,
+                'grads': _pending_grads(self._grad_params(), copy=True)}
+        return state
+
+    def _load_pending(self, pending: Optional[Mapping[str, Any]]) -> None:
+        if pending is None:
+            self._restored_count = None
+            return
+        _restore_grads(self._grad_params(), list(pending['grads']), type(self).__name__)
+        self._inner_count = self._restored_count = int(pending['inner_count'])
+
     def state_dict(self) -> Dict[str, Any]:
-        """The optimizer's state dict."""
-        return self.optimizer.state_dict()
+        """The optimizer's state dict, plus ``'pending_window'`` when saved mid-window.
+
+        In the middle of an accumulation window, ``'pending_window'`` holds the
+        iteration count and a copy of the gradients accumulated so far, so a
+        resumed run continues the window exactly where it stopped.
+        """
+        return self._add_pending(self.optimizer.state_dict())
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Load a state written by :meth:`state_dict` (the argument is not changed)."""
-        self.optimizer.load_state_dict(dict(state_dict))
+        state = dict(state_dict)
+        pending = state.pop('pending_window', None)
+        self.optimizer.load_state_dict(state)
+        self._load_pending(pending)
 
     def __repr__(self) -> str:
         return (f'{type(self).__name__}(optimizer={type(self.optimizer).__name__}, '
@@ -920,6 +1047,14 @@ class AmpOptimWrapper(OptimWrapper):
         clip_grad: See :class:`OptimWrapper`.
         model: The float32 model the optimizer was built on. Required by the
             legacy backend (it is converted in place); unused by the native one.
+        nonfinite: What to do with an inf/nan gradient when no dynamic scale
+            can back off (bfloat16, scaling disabled, a static scale):
+            ``'warn'`` (default) skips the update and logs a warning,
+            ``'raise'`` raises ``FloatingPointError`` before anything changes,
+            ``'ignore'`` applies it as plain torch would (and saves the one
+            fused check and device sync it costs when nothing is scaled).
+            With a dynamic scale an overflow always skips and backs off, and
+            the scale never goes below ``min(1, init_scale)``.
 
     Attributes:
         skipped_steps: Steps skipped for non-finite gradients.
@@ -951,8 +1086,9 @@ class AmpOptimWrapper(OptimWrapper):
                  loss_scale: Union[str, float, Mapping[str, Any]] = 'dynamic',
                  dtype: Union[torch.dtype, str, None] = None, backend: Optional[str] = None,
                  accumulative_counts: int = 1, clip_grad: Optional[Mapping[str, Any]] = None,
-                 model: Optional[nn.Module] = None) -> None:
+                 model: Optional[nn.Module] = None, nonfinite: str = 'warn') -> None:
         owner = type(self).__name__
+        nonfinite = _check_nonfinite_policy(nonfinite, owner)
         super().__init__(optimizer, accumulative_counts, clip_grad)
         spec = _parse_loss_scale(loss_scale, owner)
         self.dtype: torch.dtype = _torch.resolve_dtype(dtype)
@@ -970,10 +1106,10 @@ class AmpOptimWrapper(OptimWrapper):
                     'float32 master weights, so it needs the model: pass '
                     f"{owner}(optimizer, ..., model=model) (or backend='native' on "
                     'torch >= 1.6).')
-            self._engine = _LegacyEngine(optimizer, spec, self.dtype, owner)
+            self._engine = _LegacyEngine(optimizer, spec, self.dtype, owner, nonfinite)
             wrap_fp16_model(model, self.dtype, backend='legacy')
         else:
-            self._engine = _NativeEngine(spec, self.dtype, self._param_device_type)
+            self._engine = _NativeEngine(spec, self.dtype, self._param_device_type, nonfinite)
 
     def _param_device_type(self) -> str:
         return _flat_params(self.optimizer)[0].device.type
@@ -1071,7 +1207,7 @@ class AmpOptimWrapper(OptimWrapper):
         state['loss_scaler'] = self._engine.state_dict()
         if isinstance(self._engine, _LegacyEngine):
             state['master_params'] = list(self._engine.masters)
-        return state
+        return self._add_pending(state)
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Restore a state written by :meth:`state_dict` (the argument is not changed).
@@ -1083,6 +1219,7 @@ class AmpOptimWrapper(OptimWrapper):
         state = dict(state_dict)
         scaler_state = state.pop('loss_scaler', None)
         masters = state.pop('master_params', None)
+        pending = state.pop('pending_window', None)
         if scaler_state:
             _check_state_keys(scaler_state, owner)
         self.optimizer.load_state_dict(state)
@@ -1091,6 +1228,13 @@ class AmpOptimWrapper(OptimWrapper):
             engine.load_state_dict(scaler_state, self._inner_count, owner)
         if isinstance(engine, _LegacyEngine):
             engine.load_masters(masters, owner)
+        self._load_pending(pending)
+
+    def _grad_params(self) -> List[_Tensor]:
+        engine = self._engine
+        if isinstance(engine, _LegacyEngine):
+            return engine.model_params  # the half model's gradients accumulate
+        return _flat_params(self.optimizer)
 
     def __repr__(self) -> str:
         return (f'{type(self).__name__}(optimizer={type(self.optimizer).__name__}, '
@@ -1270,15 +1414,15 @@ class OptimWrapperDict:
     def __iter__(self) -> Iterator[str]:
         return iter(self.optim_wrappers)
 
-    def keys(self):  # noqa: ANN201 - a dict view
+    def keys(self) -> KeysView[str]:
         """The entry names."""
         return self.optim_wrappers.keys()
 
-    def values(self):  # noqa: ANN201 - a dict view
+    def values(self) -> ValuesView[OptimWrapper]:
         """The wrappers."""
         return self.optim_wrappers.values()
 
-    def items(self):  # noqa: ANN201 - a dict view
+    def items(self) -> ItemsView[str, OptimWrapper]:
         """``(name, wrapper)`` pairs."""
         return self.optim_wrappers.items()
 
@@ -1295,7 +1439,7 @@ _WRAPPER_TYPES: Dict[str, type] = {'OptimWrapper': OptimWrapper,
 _SINGLE_CONSTRUCTORS = ('DefaultOptimWrapperConstructor', 'OptimWrapperConstructor')
 _MULTI_CONSTRUCTORS = ('MultiOptimWrapperConstructor',)
 _COMMON_KEYS = ('type', 'optimizer', 'accumulative_counts', 'clip_grad')
-_AMP_KEYS = ('loss_scale', 'dtype', 'backend')
+_AMP_KEYS = ('loss_scale', 'dtype', 'backend', 'nonfinite')
 
 
 def _optimizer_classes() -> Dict[str, type]:

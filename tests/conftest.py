@@ -1,6 +1,17 @@
-"""Shared fixtures: simulate an old torch, force or clear the backend choice."""
+"""Shared fixtures: simulate an old torch, force or clear the backend choice.
+
+This folder is put on ``sys.path`` so that the tests share the helper modules
+``_runner`` (a minimal mmcv-like runner and tiny models) and ``_dist_worker``
+(work for spawned processes) by a plain import.
+"""
+
+import sys
+from pathlib import Path
 
 import pytest
+
+if str(Path(__file__).resolve().parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fp16utils import _torch
 
@@ -39,3 +50,14 @@ def no_backend_env():
         _torch.refresh()
         yield
     _torch.refresh()
+
+
+@pytest.fixture(scope='module')
+def one_thread():
+    """One intra-op thread for a module: fastest for tiny tensors, and fair to other work."""
+    import torch
+
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)

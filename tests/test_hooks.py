@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import math
 import os
-import sys
-from pathlib import Path
 
+import _runner as R  # tests/ is on sys.path: see conftest.py
 import pytest
 import torch
 import torch.distributed as dist
@@ -20,19 +18,6 @@ import fp16utils
 from fp16utils import Fp16OptimizerHook, GradientCumulativeFp16OptimizerHook, LossScaler
 from fp16utils import hooks as hooks_mod
 
-
-def _load_runner():
-    name = 'fp16utils_tests_runner'
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            name, Path(__file__).resolve().parent / '_runner.py')
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-R = _load_runner()
 BACKENDS = ['native', 'legacy']
 
 
@@ -207,7 +192,7 @@ def test_legacy_hook_keeps_float32_masters():
 
 
 @pytest.mark.parametrize('coalesce, bucket_size_mb, calls', [
-    (True, -1, 1), (True, 1e-4, 4), (False, -1, 4)])
+    (True, -1, 1), (True, 1e-4, 4), (False, -1, 5)])
 def test_legacy_hook_averages_master_gradients_when_distributed(
         monkeypatch, coalesce, bucket_size_mb, calls):
     reduced = []
@@ -227,23 +212,33 @@ def test_legacy_hook_averages_master_gradients_when_distributed(
         runner.run(data, R.mse)
         results.append(params(runner, hook))
     assert len(reduced) == 2 * calls
-    assert sum(reduced) == 2 * sum(p.numel() for p in R.Net().parameters())
+    # The gradients plus one "has a gradient" flag per parameter, per step.
+    net_params = list(R.Net().parameters())
+    assert sum(reduced) == 2 * (sum(p.numel() for p in net_params) + len(net_params))
     for a, b in zip(*results):
         assert torch.equal(a, b)
 
 
-def test_allreduce_grads_skips_params_without_gradients(monkeypatch):
+def test_allreduce_grads_reduces_the_same_buffers_on_every_rank(monkeypatch):
     seen = []
     monkeypatch.setattr(hooks_mod, '_world_size', lambda: 4)
+    # As if the other 3 ranks had no gradient for any parameter: the sum is this rank's.
     monkeypatch.setattr(dist, 'all_reduce', lambda t, *a, **k: seen.append(t.clone()))
     a, b, c = (nn.Parameter(torch.ones(2)) for _ in range(3))
     a.grad = torch.full((2,), 8.0)
     c.requires_grad_(False)
     c.grad = torch.ones(2)
     hooks_mod._allreduce_grads([a, b, c], coalesce=False)
-    assert len(seen) == 1 and seen[0].tolist() == [2.0, 2.0]
-    hooks_mod._allreduce_grads([b], coalesce=True)
-    assert len(seen) == 1
+    # a's gradient, zeros standing in for b's, and the flags [a has one, b has none]
+    assert [t.tolist() for t in seen] == [[2.0, 2.0], [0.0, 0.0], [1.0, 0.0]]
+    assert a.grad.tolist() == [2.0, 2.0]
+    assert b.grad is None  # no rank had one
+    assert c.grad.tolist() == [1.0, 1.0]  # not reduced: it does not require a gradient
+    seen.clear()
+    hooks_mod._allreduce_grads([a, b], coalesce=True)
+    assert len(seen) == 1  # one bucket: both gradients and the flags
+    assert seen[0].tolist() == [2.0, 2.0, 0.0, 0.0, 1.0, 0.0]
+    assert b.grad is None
 
 
 def test_allreduce_grads_is_a_no_op_without_a_process_group():
@@ -424,3 +419,15 @@ def test_resume_from_a_checkpoint_is_bit_identical(backend, cumulative):
                        R.snapshot(resumed.model, resumed.optimizer))
     assert resumed_hook.loss_scale == full_hook.loss_scale
     assert full_hook.skipped_steps == 1
+
+
+def test_before_run_twice_keeps_the_same_masters():
+    hook = Fp16OptimizerHook(loss_scale=64.0, backend='legacy')
+    assert hook.loss_scaler is None and hook.skipped_steps == 0 and hook.scale_history == []
+    runner = make_runner(hook, 4)
+    runner.run(R.make_data(4), R.mse, until=2)
+    masters = list(runner.optimizer.param_groups[0]['params'])
+    runner.run(R.make_data(4), R.mse)
+    assert runner.optimizer.param_groups[0]['params'] == masters
+    assert all(m.dtype == torch.float32 for m in masters)
+    assert "Fp16OptimizerHook(backend='legacy'" in repr(hook)

@@ -608,8 +608,9 @@ def test_a_non_dict_config_is_a_type_error():
 
 def test_converted_configs_build_with_build_optim_wrapper():
     import torch
-    from fp16utils.optim import build_optim_wrapper
     from torch import nn
+
+    from fp16utils.optim import build_optim_wrapper
 
     model = nn.Linear(4, 2)
     single = convert_clean(retinanet_fp16_cfg())

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import importlib.util
 import io
 import logging
 import math
-import sys
-from pathlib import Path
 
+import _runner as R  # tests/ is on sys.path: see conftest.py
 import pytest
 import torch
 from torch import nn
@@ -25,19 +23,6 @@ from fp16utils import (
 )
 from fp16utils import optim as optim_mod
 
-
-def _load_runner():
-    name = 'fp16utils_tests_runner'
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            name, Path(__file__).resolve().parent / '_runner.py')
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-R = _load_runner()
 BACKENDS = ['native', 'legacy']
 
 
@@ -334,7 +319,11 @@ def test_native_host_mirror_matches_the_grad_scaler():
 def test_scale_history_is_short():
     model = R.Net()
     wrapper = amp(model, loss_scale=dict(init_scale=2.0**20, growth_interval=1))
-    train(wrapper, model, [R.overflow_batch()] * (optim_mod.SCALE_HISTORY_LEN + 5))
+    # Alternate overflow / clean steps so the scale changes on every step without
+    # reaching its floor.
+    batches = [R.overflow_batch(), R.make_data(1)[0]] * ((optim_mod.SCALE_HISTORY_LEN + 5) // 2)
+    batches.append(R.overflow_batch())
+    train(wrapper, model, batches)
     assert len(wrapper.scale_history) == optim_mod.SCALE_HISTORY_LEN
     assert wrapper.scale_history[-1] == (optim_mod.SCALE_HISTORY_LEN + 5, wrapper.loss_scale)
 
@@ -836,3 +825,38 @@ def test_build_type_errors():
         build_optim_wrapper('model', {})
     with pytest.raises(TypeError, match='takes a config dict'):
         build_optim_wrapper(R.Net(), [('optimizer', {})])
+
+
+@pytest.mark.parametrize('backend', BACKENDS)
+def test_a_step_without_any_gradient_is_harmless(backend):
+    model = R.Net()
+    wrapper = amp(model, backend, loss_scale=dict(init_scale=64.0, growth_interval=1))
+    before = R.snapshot(model, wrapper.optimizer)
+    model.requires_grad_(False)
+    with wrapper.optim_context(model):
+        out = model(R.make_data(1)[0][0])
+    wrapper.update_params(out.float().sum() + torch.zeros((), requires_grad=True))
+    R.assert_identical(before, R.snapshot(model, wrapper.optimizer))
+    assert wrapper.skipped_steps == 0
+    model.requires_grad_(True)
+    train(wrapper, model, R.make_data(1))
+    assert wrapper.skipped_steps == 0
+
+
+def test_closure_is_refused_with_loss_scaling():
+    model = R.Net()
+    wrapper = amp(model)
+    with wrapper.optim_context(model):
+        loss = R.mse(model, R.make_data(1)[0])
+    wrapper.backward(loss)
+    before = R.snapshot(model, wrapper.optimizer)
+    with pytest.raises(RuntimeError, match='closure'):
+        wrapper.step(closure=lambda: loss)
+    R.assert_identical(before, R.snapshot(model, wrapper.optimizer))
+
+
+def test_repr_names_the_settings():
+    model = R.Net()
+    text = repr(amp(model, 'legacy', loss_scale=32.0, dtype='float16'))
+    assert "AmpOptimWrapper(optimizer=Adam, backend='legacy', dtype=torch.float16" in text
+    assert 'loss_scale=32.0' in text

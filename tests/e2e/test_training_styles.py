@@ -8,11 +8,9 @@ bit-identically.
 
 from __future__ import annotations
 
-import importlib.util
 import io
-import sys
-from pathlib import Path
 
+import _runner as R  # tests/ is on sys.path: see conftest.py
 import pytest
 import torch
 import torch.nn.functional as F
@@ -26,20 +24,6 @@ from fp16utils import (
     OptimWrapperDict,
     build_optim_wrapper,
 )
-
-
-def _load_runner():
-    name = 'fp16utils_tests_runner'
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            name, Path(__file__).resolve().parents[1] / '_runner.py')
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-R = _load_runner()
 
 
 @pytest.fixture(params=['native', 'legacy', 'torch-1.5'])

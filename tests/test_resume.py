@@ -1,0 +1,216 @@
+"""Save at any step, load in a fresh process, continue: bit-identical to never stopping.
+
+This process trains each setup without interruption and, for every save point,
+trains a copy up to it and writes a checkpoint with ``torch.save``: the model's
+``state_dict`` and the scaler state (``wrapper.state_dict()`` for the 1.x
+wrapper; an mmcv checkpoint with ``runner.meta`` for the 0.x hook). One fresh
+Python process (``_dist_worker.py resume``) then builds every setup anew from a
+different random initialisation, loads each checkpoint, trains to the end and
+writes the result, which the tests compare with the uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import _dist_worker as W  # tests/ is on sys.path: see conftest.py
+import pytest
+import torch
+
+R = W.R
+
+STYLES = ['wrapper', 'hook']
+BACKENDS = ['native', 'legacy']
+STEPS = W.RESUME_STEPS
+#: The iteration right after the skipped one (data[RESUME_FAULT] overflows).
+AFTER_SKIP = W.RESUME_FAULT + 1
+#: Without accumulation: every save point. With accumulative_counts=2: 4 ends a
+#: window; 3 (its pending gradients hold the overflow) and 5 are in the middle of one.
+SINGLE_POINTS = list(range(1, STEPS))
+ALIGNED, MID_WINDOW = [4], [3, 5]
+TIMEOUT_S = 120
+
+
+pytestmark = pytest.mark.usefixtures('one_thread')
+
+
+def _key(style, backend, accumulate, save_at, restore_grads=False):
+    return f'{style}-{backend}-acc{accumulate}-at{save_at}-grads{int(restore_grads)}'
+
+
+def _jobs():
+    for style in STYLES:
+        for backend in BACKENDS:
+            for save_at in SINGLE_POINTS:
+                yield style, backend, 1, save_at, False
+            for save_at in ALIGNED:
+                yield style, backend, 2, save_at, False
+            for save_at in MID_WINDOW:
+                yield style, backend, 2, save_at, False
+                yield style, backend, 2, save_at, True
+
+
+@pytest.fixture(scope='module')
+def resumed(tmp_path_factory):
+    """``(uninterrupted, resumed)``: results keyed by setup and by job."""
+    tmp = tmp_path_factory.mktemp('resume')
+    data = W.resume_data()
+    quiet = logging.root.manager.disable
+    logging.disable(logging.WARNING)  # the skip and resume warnings are tested elsewhere
+    try:
+        full, jobs, saved = {}, [], {}
+        for style, backend, accumulate, save_at, restore_grads in _jobs():
+            setup = (style, backend, accumulate)
+            if setup not in full:
+                trainer = W.Trainer(style, backend, accumulate)
+                updates = []
+                trainer.run(data, on_update=updates.append)
+                full[setup] = {**trainer.result(), 'updates': updates}
+            ckpt = tmp / f'{style}-{backend}-acc{accumulate}-at{save_at}.pt'
+            if ckpt not in saved:
+                trainer = W.Trainer(style, backend, accumulate)
+                trainer.run(data, stop=save_at)
+                torch.save(trainer.checkpoint(), ckpt)
+                saved[ckpt] = trainer.loss_scale
+            name = _key(style, backend, accumulate, save_at, restore_grads)
+            jobs.append(dict(name=name, style=style, backend=backend, accumulate=accumulate,
+                             save_at=save_at, checkpoint=str(ckpt), restore_grads=restore_grads,
+                             saved_scale=saved[ckpt], out=str(tmp / f'{name}.out.pt')))
+    finally:
+        logging.disable(quiet)
+    manifest = tmp / 'manifest.json'
+    manifest.write_text(json.dumps({'threads': torch.get_num_threads(), 'jobs': jobs}))
+    env = dict(os.environ)
+    env.pop('FP16UTILS_BACKEND', None)
+    try:
+        proc = subprocess.run(
+            [sys.executable, str(Path(W.__file__)), 'resume', str(manifest)],
+            capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
+    except subprocess.TimeoutExpired as err:  # run() has killed the child
+        pytest.fail(f'the resuming process did not finish within {TIMEOUT_S}s and was '
+                    f'killed: {(err.stderr or "")[-3000:]}')
+    except OSError as err:
+        pytest.skip(f'cannot start a fresh Python process here: {err}')
+    if proc.returncode:
+        pytest.fail(f'the resuming process exited with {proc.returncode}: '
+                    f'{proc.stderr[-3000:]}')
+    results = {job['name']: {**torch.load(job['out']), 'job': job} for job in jobs}
+    return full, results
+
+
+def check_identical(full, result):
+    save_at = result['job']['save_at']
+    # The optimizer stepped at the same iterations after the save point ...
+    assert result['updates'] == [i for i in full['updates'] if i > save_at]
+    # ... and everything ends bit-identical: weights, masters, optimizer and scaler state.
+    R.assert_identical(full['final'], result['final'])
+    assert result['scaler'] == full['scaler']
+    assert result['loss_scale'] == full['loss_scale']
+    assert result['iter'] == full['iter'] == STEPS
+
+
+@pytest.mark.parametrize('save_at', SINGLE_POINTS)
+@pytest.mark.parametrize('backend', BACKENDS)
+@pytest.mark.parametrize('style', STYLES)
+def test_resume_at_any_step_in_a_fresh_process_is_bit_identical(resumed, style, backend,
+                                                                 save_at):
+    full, results = resumed
+    result = results[_key(style, backend, 1, save_at)]
+    assert result['resumed_scale'] == result['job']['saved_scale']
+    check_identical(full[(style, backend, 1)], result)
+
+
+@pytest.mark.parametrize('backend', BACKENDS)
+@pytest.mark.parametrize('style', STYLES)
+def test_the_uninterrupted_run_skips_and_grows(resumed, style, backend):
+    """What the save points cover: a skipped step at iteration 3, growth every 2 clean ones."""
+    full, results = resumed
+    scales = [results[_key(style, backend, 1, s)]['job']['saved_scale'] for s in SINGLE_POINTS]
+    # 512 grows at the 2nd clean step, halves at the overflow (3rd), grows every 2 after.
+    assert scales == [512.0, 1024.0, 512.0, 512.0, 1024.0, 1024.0, 2048.0]
+    assert full[(style, backend, 1)]['loss_scale'] == 2048.0
+    after_skip = results[_key(style, backend, 1, AFTER_SKIP)]
+    assert after_skip['resumed_scale'] == 512.0
+
+
+@pytest.mark.parametrize('backend', BACKENDS)
+@pytest.mark.parametrize('style', STYLES)
+def test_resume_at_the_end_of_an_accumulation_window_is_bit_identical(resumed, style,
+                                                                      backend):
+    full, results = resumed
+    for save_at in ALIGNED:
+        check_identical(full[(style, backend, 2)], results[_key(style, backend, 2, save_at)])
+
+
+@pytest.mark.parametrize('save_at', MID_WINDOW)
+@pytest.mark.parametrize('backend', BACKENDS)
+@pytest.mark.parametrize('style', STYLES)
+def test_resume_mid_window_restores_the_count_and_the_schedule(resumed, style, backend,
+                                                               save_at):
+    """MMEngine semantics: the runner's iteration restores the wrapper's inner_count.
+
+    ``inner_count`` is not in ``AmpOptimWrapper.state_dict()``; the runner passes
+    its iteration to ``initialize_count_status(model, iter, max_iters)``, which
+    sets it (and warns when it is not a multiple of accumulative_counts). The
+    updates then happen at the same iterations as without the interruption, and
+    with the pending gradients carried over by hand the result is bit-identical.
+    """
+    full, results = resumed
+    result = results[_key(style, backend, 2, save_at, restore_grads=True)]
+    check_identical(full[(style, backend, 2)], result)
+    if style == 'wrapper':
+        assert result['inner_count'] == full[(style, backend, 2)]['inner_count'] == STEPS
+
+
+def test_resume_mid_window_without_the_saved_window_warns_that_gradients_are_lost(caplog):
+    """A state without 'pending_window': the warning, then the same update schedule."""
+    data = W.resume_data()
+    trainer = W.Trainer('wrapper', 'native', accumulate=2)
+    trainer.run(data, stop=5)
+    ckpt = trainer.checkpoint()
+    assert ckpt['optim']['pending_window']['inner_count'] == 5
+    del ckpt['optim']['pending_window']  # as an MMEngine-style state would be
+    fresh = W.Trainer('wrapper', 'native', accumulate=2, seed=5)
+    with caplog.at_level(logging.WARNING, logger='fp16utils'):
+        fresh.resume(ckpt)
+    assert 'Resumed at iteration 5, which is not a multiple of accumulative_counts=2' in (
+        caplog.text)
+    assert fresh.wrapper.inner_count == 5
+    assert fresh.wrapper.should_sync()  # the next backward completes the window (DDP sync)
+    updates = []
+    fresh.run(data, on_update=updates.append)
+    assert updates == [6, 8] and fresh.wrapper.inner_count == STEPS
+
+
+def test_resume_mid_window_with_the_saved_window_does_not_warn(caplog):
+    data = W.resume_data()
+    trainer = W.Trainer('wrapper', 'native', accumulate=2)
+    trainer.run(data, stop=5)
+    fresh = W.Trainer('wrapper', 'native', accumulate=2, seed=5)
+    with caplog.at_level(logging.WARNING, logger='fp16utils'):
+        fresh.resume(trainer.checkpoint())
+    assert 'Resumed at iteration' not in caplog.text
+    assert fresh.wrapper.inner_count == 5
+    saved = trainer.checkpoint()['optim']['pending_window']['grads']
+    for p, g in zip(fresh.wrapper.optimizer.param_groups[0]['params'], saved):
+        assert torch.equal(p.grad, g)
+
+
+def test_aligned_checkpoint_has_no_pending_window():
+    trainer = W.Trainer('wrapper', 'native', accumulate=2)
+    trainer.run(W.resume_data(), stop=4)
+    assert 'pending_window' not in trainer.checkpoint()['optim']
+
+
+@pytest.mark.parametrize('save_at', MID_WINDOW)
+@pytest.mark.parametrize('backend', BACKENDS)
+@pytest.mark.parametrize('style', STYLES)
+def test_resume_mid_window_from_the_saved_state_alone_is_bit_identical(resumed, style,
+                                                                        backend, save_at):
+    full, results = resumed
+    check_identical(full[(style, backend, 2)], results[_key(style, backend, 2, save_at)])
