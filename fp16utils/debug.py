@@ -71,6 +71,11 @@ class NonFiniteRecord:
             input of that call was finite (False means the values were bad
             before this module ran; an in-place module sees its own output
             as its input); None when not checked.
+
+    Example:
+        >>> import torch
+        >>> [r.problem for r in nonfinite_summary([torch.tensor([1.0, float('inf')])])]
+        ['1 inf of 2']
     """
 
     kind: str

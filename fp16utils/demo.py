@@ -233,10 +233,12 @@ def plot_results(results: list[ModeResult], path: str) -> None:
     fig, (ax_loss, ax_scale) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
     for r in results:
         ax_loss.plot(r.losses, label=r.mode)
-        ax_scale.plot(r.scales, label=r.mode)
+        if any(scale != 1.0 for scale in r.scales):  # modes without loss scaling stay at 1
+            ax_scale.plot(r.scales, label=r.mode)
     ax_loss.set_ylabel('loss')
     ax_loss.legend()
-    ax_scale.set_ylabel('loss scale')
+    ax_scale.legend()
+    ax_scale.set_ylabel('loss scale (scaled modes)')
     ax_scale.set_yscale('log', base=2)
     ax_scale.set_xlabel('step')
     fig.tight_layout()

@@ -53,7 +53,17 @@ __all__ = [
 
 
 class MigrationWarning(UserWarning):
-    """A part of a config or codebase that could not be migrated safely."""
+    """A part of a config or codebase that could not be migrated safely.
+
+    Example:
+        >>> import warnings
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter('always')
+        ...     _ = convert_config({'optimizer': dict(generator=dict(type='Adam')),
+        ...                         'train_cfg': dict(disc_steps=5, batch_accumulation_steps=2)})
+        >>> caught[0].category is MigrationWarning
+        True
+    """
 
 
 class ConfigConversionError(ValueError):
@@ -61,6 +71,13 @@ class ConfigConversionError(ValueError):
 
     Attributes:
         problems: one human-readable line per problem, each starting with the key.
+
+    Example:
+        >>> try:
+        ...     convert_config({'fp16': dict(loss_scale='huge')}, strict=True)
+        ... except ConfigConversionError as err:
+        ...     err.problems[0].startswith('fp16')
+        True
     """
 
     def __init__(self, problems: list[str]) -> None:
@@ -798,6 +815,14 @@ class Finding:
             ``config-optimizer-hook``, ``config-runner-scaler``, ``syntax-error``.
         message: what was found.
         suggestion: the 1.x step to take.
+
+    Example:
+        >>> import os, tempfile
+        >>> d = tempfile.mkdtemp()
+        >>> with open(os.path.join(d, 'm.py'), 'w') as f:
+        ...     _ = f.write('from mmcv.runner import auto_fp16' + chr(10))
+        >>> [(x.line, x.kind) for x in scan(d)]
+        [(1, 'import')]
     """
 
     path: str
@@ -820,6 +845,14 @@ class FileChange:
         diff: a unified diff of the change ('' when nothing changes).
         changed: whether the file's content changes.
         error: why the file was skipped (it does not parse or decode), else None.
+
+    Example:
+        >>> import os, tempfile
+        >>> d = tempfile.mkdtemp()
+        >>> with open(os.path.join(d, 'm.py'), 'w') as f:
+        ...     _ = f.write('from mmcv.runner import force_fp32' + chr(10))
+        >>> [c.changed for c in fix_imports(d, dry_run=True)]
+        [True]
     """
 
     path: str

@@ -68,23 +68,30 @@ def non_finite_check_(tensors: list[torch.Tensor], inv_scale: Optional[float] = 
     found: dict[Any, torch.Tensor] = {}
     scales: dict[Any, torch.Tensor] = {}
     factor = 1.0 if inv_scale is None else float(inv_scale)
-    fused = getattr(torch, '_amp_foreach_non_finite_check_and_unscale_', None)
-    for (device, _), group in groups:
+    for (device, dtype), group in groups:
         if device not in found:
             found[device] = torch.zeros(1, dtype=torch.float32, device=device)
             scales[device] = torch.full((1,), factor, dtype=torch.float32, device=device)
-        if fused is not None:
+        fused = getattr(torch, '_amp_foreach_non_finite_check_and_unscale_', None)
+        key = (fused, device.type, dtype)
+        if fused is not None and key not in _no_fused_kernel:
             try:
                 fused(group, found[device], scales[device])
                 continue
             except (RuntimeError, NotImplementedError):
-                pass  # no kernel for this device/dtype in this torch: check below
+                # Raised at dispatch or by the kernel's up-front checks, before any
+                # tensor is touched, so the group is checked (and unscaled) once below.
+                _no_fused_kernel.add(key)
         _non_finite_check_slow_(group, found[device], factor)
     flags = list(found.values())
     if len(flags) == 1:
         return bool(flags[0].item())
     first = flags[0].device
     return bool(torch.stack([f.to(first, non_blocking=True) for f in flags]).sum().item())
+
+
+# (kernel, device type, dtype) that torch's fused check turned out not to support.
+_no_fused_kernel: set[tuple[Any, str, torch.dtype]] = set()
 
 
 def _non_finite_check_slow_(tensors: list[torch.Tensor], found: torch.Tensor,
