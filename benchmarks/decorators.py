@@ -63,6 +63,43 @@ class HandForce(nn.Module):
             return x
 
 
+def per_call_signature_auto_fp16(func):
+    """The 0.x algorithm, for reference: the signature is read again on every call.
+
+    Written here from its documented behaviour: check the owner, read the
+    argument names with ``inspect.getfullargspec``, cast the named float32
+    arguments (containers rebuilt), run under autocast.
+    """
+    import functools
+    import inspect
+
+    from fp16utils import cast_tensor_type
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        if not isinstance(args[0], nn.Module):
+            raise TypeError('only methods of nn.Module')
+        if not getattr(args[0], 'fp16_enabled', False):
+            return func(*args, **kwargs)
+        names = inspect.getfullargspec(func).args
+        new_args = [cast_tensor_type(a, torch.float32, torch.float16) if n in names else a
+                    for n, a in zip(names, args)]
+        new_kwargs = {k: cast_tensor_type(v, torch.float32, torch.float16) if k in names else v
+                      for k, v in kwargs.items()}
+        with torch.autocast(device_type=args[1].device.type, dtype=torch.float16):
+            return func(*new_args, **new_kwargs)
+
+    return wrapper
+
+
+class PerCallAuto(nn.Module):
+    fp16_enabled = True
+
+    @per_call_signature_auto_fp16
+    def forward(self, x, y):
+        return x
+
+
 def hand_overflow(params: list[nn.Parameter], device: torch.device) -> bool:
     """The fused kernel over the parameters' gradients, one sync."""
     grads = [p.grad for p in params if p.grad is not None]
@@ -97,6 +134,7 @@ def run(device: str, number: int, repeats: int, n_params: int) -> list[tuple[str
     on = wrap_fp16_model(Auto(False))
     force = wrap_fp16_model(Force())
     hand_auto, hand_force = HandAuto(), HandForce()
+    per_call = PerCallAuto()
     sizes = [(64, 64), (64,), (128, 64, 3, 3), (128,)]
     params = [nn.Parameter(torch.randn(*sizes[i % len(sizes)], device=dev))
               for i in range(n_params)]
@@ -113,6 +151,7 @@ def run(device: str, number: int, repeats: int, n_params: int) -> list[tuple[str
         'auto_fp16 disabled': lambda: off(x, y),
         'auto_fp16 enabled': lambda: (on(x, y), sync()),
         'hand-written autocast + .half()': lambda: (hand_auto(x, y), sync()),
+        '0.x-style auto_fp16 (signature per call)': lambda: (per_call(x, y), sync()),
         'force_fp32 enabled': lambda: (force(xh, yh), sync()),
         'hand-written autocast off + .float()': lambda: (hand_force(xh, yh), sync()),
         f'LossScaler.has_overflow ({n_params} params)': lambda: scaler.has_overflow(params),
@@ -134,6 +173,7 @@ def run(device: str, number: int, repeats: int, n_params: int) -> list[tuple[str
         'auto_fp16 disabled': 'plain forward',
         'auto_fp16 enabled': 'hand-written autocast + .half()',
         'hand-written autocast + .half()': None,
+        '0.x-style auto_fp16 (signature per call)': 'hand-written autocast + .half()',
         'force_fp32 enabled': 'hand-written autocast off + .float()',
         'hand-written autocast off + .float()': None,
         f'LossScaler.has_overflow ({n_params} params)': over,
