@@ -1050,7 +1050,9 @@ class AmpOptimWrapper(OptimWrapper):
         nonfinite: What to do with an inf/nan gradient when no dynamic scale
             can back off (bfloat16, scaling disabled, a static scale):
             ``'warn'`` (default) skips the update and logs a warning,
-            ``'raise'`` raises ``FloatingPointError`` before anything changes,
+            ``'raise'`` raises ``FloatingPointError`` before anything changes
+            (the gradients are left in place for inspection: call
+            :meth:`zero_grad` before training on),
             ``'ignore'`` applies it as plain torch would (and saves the one
             fused check and device sync it costs when nothing is scaled).
             With a dynamic scale an overflow always skips and backs off, and
