@@ -292,6 +292,8 @@ class Fp16OptimizerHook:
         state = fp16_meta.get('loss_scaler')
         if state:
             _check_state_keys(state, owner)
+        engine.load_stats(fp16_meta.get('stats'))  # first: loading the scale then notes it
+        if state:
             engine.load_state_dict(state, step, owner)
         if isinstance(engine, _LegacyEngine) and fp16_meta.get('master_params') is not None:
             engine.load_masters(fp16_meta['master_params'], owner)
@@ -360,6 +362,7 @@ class Fp16OptimizerHook:
             runner.meta = {}
         fp16 = runner.meta.setdefault('fp16', {})
         fp16['loss_scaler'] = engine.state_dict()
+        fp16['stats'] = engine.stats()
         if isinstance(engine, _LegacyEngine):
             fp16['master_params'] = engine.masters
 

@@ -354,6 +354,18 @@ class _ScaleRecord:
         self.scale_history: List[Tuple[int, float]] = []
         self.nonfinite = nonfinite
 
+    def stats(self) -> Dict[str, Any]:
+        """The skip count and scale history, for checkpoints."""
+        return {'skipped_steps': self.skipped_steps,
+                'scale_history': [list(item) for item in self.scale_history]}
+
+    def load_stats(self, stats: Optional[Mapping[str, Any]]) -> None:
+        if not stats:
+            return
+        self.skipped_steps = int(stats['skipped_steps'])
+        self.scale_history = [(int(step), float(scale))
+                              for step, scale in stats['scale_history']][-SCALE_HISTORY_LEN:]
+
     def _unscaled_skip(self, grads: List[_Tensor], step: int) -> bool:
         """No loss scaling: apply the non-finite policy; True when the step is skipped.
 
@@ -1207,6 +1219,7 @@ class AmpOptimWrapper(OptimWrapper):
         """
         state = self.optimizer.state_dict()
         state['loss_scaler'] = self._engine.state_dict()
+        state['fp16_stats'] = self._engine.stats()
         if isinstance(self._engine, _LegacyEngine):
             state['master_params'] = list(self._engine.masters)
         return self._add_pending(state)
@@ -1222,10 +1235,12 @@ class AmpOptimWrapper(OptimWrapper):
         scaler_state = state.pop('loss_scaler', None)
         masters = state.pop('master_params', None)
         pending = state.pop('pending_window', None)
+        stats = state.pop('fp16_stats', None)
         if scaler_state:
             _check_state_keys(scaler_state, owner)
         self.optimizer.load_state_dict(state)
         engine = self._engine
+        engine.load_stats(stats)  # first: loading the scale then notes it if it differs
         if scaler_state:
             engine.load_state_dict(scaler_state, self._inner_count, owner)
         if isinstance(engine, _LegacyEngine):

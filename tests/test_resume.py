@@ -214,3 +214,30 @@ def test_resume_mid_window_from_the_saved_state_alone_is_bit_identical(resumed, 
                                                                         backend, save_at):
     full, results = resumed
     check_identical(full[(style, backend, 2)], results[_key(style, backend, 2, save_at)])
+
+
+@pytest.mark.parametrize('backend', BACKENDS)
+@pytest.mark.parametrize('style', STYLES)
+def test_skip_count_and_scale_history_carry_on_after_a_resume(style, backend):
+    trainer = W.Trainer(style, backend, 1)
+    trainer.run(W.resume_data(), stop=AFTER_SKIP + 1)
+    owner = trainer.wrapper if style == 'wrapper' else trainer.hook
+    assert owner.skipped_steps == 1
+    history = list(owner.scale_history)
+    assert len(history) >= 2 and history[-1][1] < history[-2][1]  # ends with the backoff
+    fresh = W.Trainer(style, backend, 1, seed=5)
+    fresh.resume(torch.load(_roundtrip(trainer.checkpoint())))
+    if style == 'hook':
+        fresh.hook.before_run(fresh.runner)  # what the runner does when the run starts
+    resumed = fresh.wrapper if style == 'wrapper' else fresh.hook
+    assert resumed.skipped_steps == 1
+    assert resumed.scale_history == history
+
+
+def _roundtrip(obj):
+    import io
+
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    buf.seek(0)
+    return buf
