@@ -85,6 +85,22 @@ def _devices() -> list[tuple[str, str]]:
     return found
 
 
+def _check_device(name: str) -> str:
+    """A ``--device`` value that torch knows and that is present here."""
+    import torch
+
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UsageError(f'--device {name}: not a torch device; use one of '
+                         f'{", ".join(k for k, _ in _devices())}') from None
+    present = [k for k, _ in _devices()]
+    if device.type not in present:
+        raise UsageError(f'--device {name}: no {device.type} device here; present: '
+                         f'{", ".join(present)} (see fp16utils env)')
+    return name
+
+
 def best_device() -> str:
     """The fastest device present: cuda, then mps, then xpu, then cpu.
 
@@ -218,6 +234,8 @@ def cmd_migrate(args: argparse.Namespace, out: TextIO) -> int:
     """Convert a 0.x config file to the 1.x style."""
     from .migrate import convert_config_report, enable_amp
 
+    if args.dtype and not args.amp:
+        raise UsageError('--dtype only applies with --amp (it sets the AMP dtype)')
     cfg = load_config(args.config)
     converted, problems = convert_config_report(cfg)
     if args.amp:
@@ -235,7 +253,11 @@ def cmd_migrate(args: argparse.Namespace, out: TextIO) -> int:
     text = (f'# Converted from {Path(args.config).name} by `{PROG} migrate`.\n'
             + format_config(converted))
     if args.output:
-        Path(args.output).write_text(text, encoding='utf-8')
+        try:
+            Path(args.output).write_text(text, encoding='utf-8')
+        except OSError as err:
+            raise CommandError(f'{args.output}: could not be written: {err.strerror}'
+                               ) from None
         out.write(f'wrote {args.output}\n')
     else:
         out.write(text)
@@ -314,7 +336,9 @@ def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
     """Train a small model in fp32, AMP float16/bfloat16 and legacy; print a table."""
     from .demo import run_demo
 
-    device = args.device or best_device()
+    device = _check_device(args.device) if args.device else best_device()
+    if args.plot and not Path(args.plot).resolve().parent.is_dir():
+        raise UsageError(f'{args.plot}: --plot needs an existing folder to write into')
     results = run_demo(device=device, steps=args.steps, seed=args.seed,
                        progress=sys.stderr.isatty(), out=out)
     if args.plot:
@@ -325,6 +349,8 @@ def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
             raise CommandError(
                 f'{args.plot}: --plot needs matplotlib; install it with '
                 "pip install 'fp16utils[plot]'") from None
+        except OSError as err:
+            raise CommandError(f'{args.plot}: could not be written: {err.strerror}') from None
         out.write(f'wrote {args.plot}\n')
     return 0
 

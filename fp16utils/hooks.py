@@ -49,6 +49,7 @@ from .optim import (
     _MMCV_DYNAMIC,
     _TORCH_DYNAMIC,
     _check_nonfinite_policy,
+    _check_pending,
     _check_state_keys,
     _clip,
     _Engine,
@@ -292,12 +293,15 @@ class Fp16OptimizerHook:
         state = fp16_meta.get('loss_scaler')
         if state:
             _check_state_keys(state, owner)
+        pending = fp16_meta.get('pending_window')
+        if pending is not None and int(pending['iter']) == step:
+            # Checked before any saved state is applied, so a mismatch loads nothing.
+            _check_pending(self._grad_params(), list(pending['grads']), owner)
         engine.load_stats(fp16_meta.get('stats'))  # first: loading the scale then notes it
         if state:
             engine.load_state_dict(state, step, owner)
         if isinstance(engine, _LegacyEngine) and fp16_meta.get('master_params') is not None:
             engine.load_masters(fp16_meta['master_params'], owner)
-        pending = fp16_meta.get('pending_window')
         self._restored_iter = None
         if pending is not None and int(pending['iter']) == step:
             _restore_grads(self._grad_params(), list(pending['grads']), owner)

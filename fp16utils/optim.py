@@ -305,14 +305,19 @@ def _pending_grads(params: List[_Tensor], copy: bool) -> List[Optional[_Tensor]]
     return [p.grad for p in params]
 
 
-def _restore_grads(params: List[_Tensor], grads: List[Optional[_Tensor]], owner: str) -> None:
-    """Put saved pending gradients back; nothing is changed when they do not fit."""
+def _check_pending(params: List[_Tensor], grads: List[Optional[_Tensor]], owner: str) -> None:
+    """Raise when saved pending gradients do not fit ``params``."""
     if len(grads) != len(params) or any(
             g is not None and g.shape != p.shape for p, g in zip(params, grads)):
         raise ValueError(
             f'{owner}: the saved pending gradients ({len(grads)} tensors) do not match the '
             f'{len(params)} parameters here; load a state saved from the same model and '
             'optimizer.')
+
+
+def _restore_grads(params: List[_Tensor], grads: List[Optional[_Tensor]], owner: str) -> None:
+    """Put saved pending gradients back; nothing is changed when they do not fit."""
+    _check_pending(params, grads, owner)
     for p, g in zip(params, grads):
         p.grad = None if g is None else g.detach().to(p.device, p.dtype, copy=True)
 
@@ -1005,6 +1010,8 @@ class OptimWrapper:
         """Load a state written by :meth:`state_dict` (the argument is not changed)."""
         state = dict(state_dict)
         pending = state.pop('pending_window', None)
+        if pending is not None:  # checked first, so a mismatch changes nothing
+            _check_pending(self._grad_params(), list(pending['grads']), type(self).__name__)
         self.optimizer.load_state_dict(state)
         self._load_pending(pending)
 
@@ -1238,6 +1245,8 @@ class AmpOptimWrapper(OptimWrapper):
         stats = state.pop('fp16_stats', None)
         if scaler_state:
             _check_state_keys(scaler_state, owner)
+        if pending is not None:  # checked first, so a mismatch changes nothing
+            _check_pending(self._grad_params(), list(pending['grads']), owner)
         self.optimizer.load_state_dict(state)
         engine = self._engine
         engine.load_stats(stats)  # first: loading the scale then notes it if it differs

@@ -390,3 +390,40 @@ def test_demo_plot(tmp_path):
     else:
         assert proc.returncode == 0, proc.stderr
         assert target.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason='a CUDA device is present here')
+def test_demo_on_an_absent_device_is_a_usage_error():
+    proc = call('demo', '--device', 'cuda', '--steps', '2')
+    assert proc.returncode == 2
+    assert_one_line_error(proc, '--device cuda', 'no cuda device here', 'cpu')
+    assert proc.stdout == ''  # refused before any training
+
+
+def test_demo_on_an_unknown_device_is_a_usage_error():
+    proc = call('demo', '--device', 'bogus', '--steps', '2')
+    assert proc.returncode == 2
+    assert_one_line_error(proc, '--device bogus', 'not a torch device')
+
+
+def test_demo_plot_into_a_missing_folder_is_refused_before_training(tmp_path):
+    target = tmp_path / 'missing' / 'curves.png'
+    proc = call('demo', '--steps', '2', '--device', 'cpu', '--plot', str(target))
+    assert proc.returncode == 2
+    assert_one_line_error(proc, 'curves.png', 'existing folder')
+    assert proc.stdout == ''
+
+
+def test_migrate_output_that_cannot_be_written_is_one_line_error(tmp_path):
+    target = tmp_path / 'missing' / 'out.py'
+    proc = call('migrate', str(FIXTURES / 'configs' / 'biggan_128x128_fp16.py'),
+                '-o', str(target))
+    assert proc.returncode == 1
+    assert_one_line_error(proc, 'out.py', 'could not be written')
+    assert not target.exists()
+
+
+def test_migrate_dtype_without_amp_is_a_usage_error():
+    proc = call('migrate', str(FIXTURES / 'configs' / 'plain_sgd.py'), '--dtype', 'bfloat16')
+    assert proc.returncode == 2
+    assert_one_line_error(proc, '--dtype', '--amp')

@@ -241,3 +241,39 @@ def _roundtrip(obj):
     torch.save(obj, buf)
     buf.seek(0)
     return buf
+
+
+def test_wrapper_rejects_a_pending_window_from_another_model_and_changes_nothing():
+    trainer = W.Trainer('wrapper', 'native', 2)
+    trainer.run(W.resume_data(), stop=3)
+    state = trainer.wrapper.state_dict()
+    state['pending_window'] = dict(state['pending_window'],
+                                   grads=state['pending_window']['grads'][:-1])
+    fresh = W.Trainer('wrapper', 'native', 2, seed=5)
+    fresh.run(W.resume_data(), stop=2)
+    before_opt = {k: v.clone() for s in fresh.optimizer.state.values()
+                  for k, v in s.items() if torch.is_tensor(v)}
+    before_scale = fresh.wrapper.loss_scale
+    with pytest.raises(ValueError, match='pending gradients'):
+        fresh.wrapper.load_state_dict(state)
+    after_opt = {k: v for s in fresh.optimizer.state.values()
+                 for k, v in s.items() if torch.is_tensor(v)}
+    assert before_opt.keys() == after_opt.keys()
+    assert all(torch.equal(before_opt[k], after_opt[k]) for k in before_opt)
+    assert fresh.wrapper.loss_scale == before_scale
+    assert fresh.wrapper.inner_count == 2
+
+
+def test_hook_rejects_a_pending_window_from_another_model_before_loading_state():
+    trainer = W.Trainer('hook', 'native', 2)
+    trainer.run(W.resume_data(), stop=3)
+    ckpt = trainer.checkpoint()
+    meta = ckpt['meta']['fp16']
+    meta['pending_window'] = dict(meta['pending_window'],
+                                  grads=meta['pending_window']['grads'][:-1])
+    meta['loss_scaler'] = dict(meta['loss_scaler'], scale=4.0)
+    fresh = W.Trainer('hook', 'native', 2, seed=5)
+    fresh.resume(ckpt)
+    with pytest.raises(ValueError, match='pending gradients'):
+        fresh.hook.before_run(fresh.runner)
+    assert fresh.hook.loss_scale != 4.0  # the saved scaler state was not applied
