@@ -67,10 +67,6 @@ from .wrap import wrap_fp16_model
 __all__ = ['Fp16OptimizerHook', 'GradientCumulativeFp16OptimizerHook']
 
 
-def _flat(optimizer: torch.optim.Optimizer) -> List[Any]:
-    return [p for group in optimizer.param_groups for p in group['params']]
-
-
 def _world_size() -> int:
     if dist.is_available() and dist.is_initialized():
         return dist.get_world_size()
@@ -286,7 +282,7 @@ class Fp16OptimizerHook:
         self._engine = engine
         self._optimizer = optimizer
         self._clip_call = self._make_clip(model, engine)
-        held = {id(p) for p in _flat(optimizer)}
+        held = {id(p) for p in _flat_params(optimizer)}
         self._model_only = [p for p in model.parameters() if id(p) not in held]
         fp16_meta = (runner.meta or {}).get('fp16') or {}
         step = int(getattr(runner, 'iter', 0) or 0)

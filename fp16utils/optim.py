@@ -60,7 +60,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from . import _torch
 from .cast import cast_tensor_type
-from .scaler import LossScaler, _dense_grads, non_finite_check_
+from .scaler import LossScaler, _dense_grads, _is_number, _positive_finite, non_finite_check_
 from .wrap import wrap_fp16_model
 
 __all__ = ['AmpOptimWrapper', 'MIN_LOSS_SCALE', 'NONFINITE_POLICIES', 'OptimWrapper',
@@ -105,14 +105,6 @@ _MMCV_STATE_KEYS = ('cur_scale', 'cur_iter', 'mode', 'last_overflow_iter', 'scal
                     'scale_window')
 _GRAD_SCALER_STATE_KEYS = ('scale', 'growth_factor', 'backoff_factor', 'growth_interval',
                            '_growth_tracker')
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _positive_finite(value: Any) -> bool:
-    return _is_number(value) and math.isfinite(value) and value > 0
 
 
 def _parse_loss_scale(loss_scale: Any, owner: str,
@@ -361,8 +353,7 @@ class _ScaleRecord:
 
     def stats(self) -> Dict[str, Any]:
         """The skip count and scale history, for checkpoints."""
-        return {'skipped_steps': self.skipped_steps,
-                'scale_history': [list(item) for item in self.scale_history]}
+        return {'skipped_steps': self.skipped_steps, 'scale_history': list(self.scale_history)}
 
     def load_stats(self, stats: Optional[Mapping[str, Any]]) -> None:
         if not stats:

@@ -68,11 +68,11 @@ def non_finite_check_(tensors: list[torch.Tensor], inv_scale: Optional[float] = 
     found: dict[Any, torch.Tensor] = {}
     scales: dict[Any, torch.Tensor] = {}
     factor = 1.0 if inv_scale is None else float(inv_scale)
+    fused = getattr(torch, '_amp_foreach_non_finite_check_and_unscale_', None)
     for (device, dtype), group in groups:
         if device not in found:
             found[device] = torch.zeros(1, dtype=torch.float32, device=device)
             scales[device] = torch.full((1,), factor, dtype=torch.float32, device=device)
-        fused = getattr(torch, '_amp_foreach_non_finite_check_and_unscale_', None)
         key = (fused, device.type, dtype)
         if fused is not None and key not in _no_fused_kernel:
             try:
@@ -254,7 +254,14 @@ class LossScaler:
                 f'scale_factor={self.scale_factor}, scale_window={self.scale_window})')
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _positive_finite(value: Any) -> bool:
+    return _is_number(value) and math.isfinite(value) and value > 0
+
+
 def _check_positive(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-            math.isfinite(value) and value > 0):
+    if not _positive_finite(value):
         raise ValueError(f'LossScaler {name} must be a finite number > 0, got {value!r}.')

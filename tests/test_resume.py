@@ -21,6 +21,7 @@ from pathlib import Path
 import _dist_worker as W  # tests/ is on sys.path: see conftest.py
 import pytest
 import torch
+from _roundtrip import torch_save_roundtrip
 
 R = W.R
 
@@ -226,21 +227,12 @@ def test_skip_count_and_scale_history_carry_on_after_a_resume(style, backend):
     history = list(owner.scale_history)
     assert len(history) >= 2 and history[-1][1] < history[-2][1]  # ends with the backoff
     fresh = W.Trainer(style, backend, 1, seed=5)
-    fresh.resume(torch.load(_roundtrip(trainer.checkpoint())))
+    fresh.resume(torch_save_roundtrip(trainer.checkpoint()))
     if style == 'hook':
         fresh.hook.before_run(fresh.runner)  # what the runner does when the run starts
     resumed = fresh.wrapper if style == 'wrapper' else fresh.hook
     assert resumed.skipped_steps == 1
     assert resumed.scale_history == history
-
-
-def _roundtrip(obj):
-    import io
-
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    buf.seek(0)
-    return buf
 
 
 def test_wrapper_rejects_a_pending_window_from_another_model_and_changes_nothing():

@@ -9,12 +9,11 @@ and fp16 flags keep working.
 from __future__ import annotations
 
 import copy
-import io
-import pickle
 import threading
 
 import pytest
 import torch
+from _roundtrip import pickle_roundtrip, torch_save_roundtrip  # tests/ is on sys.path
 from torch import nn
 
 from fp16utils import (
@@ -313,18 +312,8 @@ def _deepcopy(model):
     return copy.deepcopy(model)
 
 
-def _pickle(model):
-    return pickle.loads(pickle.dumps(model))
-
-
-def _torch_save(model):
-    buf = io.BytesIO()
-    torch.save(model, buf)
-    buf.seek(0)
-    return torch.load(buf, weights_only=False)
-
-
-CLONERS = {'deepcopy': _deepcopy, 'pickle': _pickle, 'torch.save': _torch_save}
+CLONERS = {'deepcopy': _deepcopy, 'pickle': pickle_roundtrip,
+           'torch.save': torch_save_roundtrip}
 
 
 def _flags(model):

@@ -1,11 +1,10 @@
 """Tests for wrap_fp16_model, patch_norm_fp32 and patch_forward_method."""
 
 import copy
-import io
-import pickle
 
 import pytest
 import torch
+from _roundtrip import pickle_roundtrip, torch_save_roundtrip  # tests/ is on sys.path
 from torch import nn
 
 from fp16utils import (
@@ -335,18 +334,7 @@ def test_deepcopy_keeps_flags_and_patches():
     assert torch.equal(clone(x), model(x))
 
 
-def _pickle_roundtrip(model):
-    return pickle.loads(pickle.dumps(model))
-
-
-def _torch_save_roundtrip(model):
-    buf = io.BytesIO()
-    torch.save(model, buf)
-    buf.seek(0)
-    return torch.load(buf, weights_only=False)
-
-
-@pytest.mark.parametrize('roundtrip', [_pickle_roundtrip, _torch_save_roundtrip])
+@pytest.mark.parametrize('roundtrip', [pickle_roundtrip, torch_save_roundtrip])
 @pytest.mark.parametrize('backend', ['legacy', 'native'])
 def test_whole_model_serialization(roundtrip, backend):
     model = wrap_fp16_model(make(), backend=backend)
