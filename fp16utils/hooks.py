@@ -36,35 +36,36 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Mapping, Optional, Tuple, Union
+import logging
+from typing import Any, List, Mapping, Optional, Tuple, Union
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
-from torch.nn.modules.batchnorm import _BatchNorm
 
 from . import _torch
-from .optim import (
-    _MMCV_DYNAMIC,
-    _TORCH_DYNAMIC,
-    _check_nonfinite_policy,
-    _check_pending,
-    _check_state_keys,
-    _clip,
-    _Engine,
-    _flat_params,
-    _LegacyEngine,
-    _NativeEngine,
-    _parse_clip_grad,
-    _parse_loss_scale,
-    _pending_grads,
-    _restore_grads,
-    _ScaleSpec,
+from ._spec import (
+    MMCV_DYNAMIC,
+    TORCH_DYNAMIC,
+    check_nonfinite_policy,
+    parse_clip_grad,
+    parse_loss_scale,
+)
+from .engine import (
+    AccumulationWindow,
+    LegacyEngine,
+    NativeEngine,
+    ResumeState,
+    StepEngine,
+    flat_params,
+    pending_grads,
 )
 from .wrap import wrap_fp16_model
 
 __all__ = ['Fp16OptimizerHook', 'GradientCumulativeFp16OptimizerHook']
+
+logger = logging.getLogger('fp16utils')
 
 
 def _world_size() -> int:
@@ -213,20 +214,18 @@ class Fp16OptimizerHook:
                  distributed: bool = True, *, dtype: Union[torch.dtype, str, None] = None,
                  backend: Optional[str] = None, nonfinite: str = 'warn') -> None:
         owner = type(self).__name__
-        self.nonfinite = _check_nonfinite_policy(nonfinite, owner)
+        self.nonfinite = check_nonfinite_policy(nonfinite, owner)
         self.grad_clip = dict(grad_clip) if grad_clip is not None else None
-        self._clip = _parse_clip_grad(grad_clip, owner)
+        self._clip = parse_clip_grad(grad_clip, owner)
         self.backend = _torch.resolve_backend(backend)
         self.dtype = _torch.resolve_dtype(dtype)
-        dynamic = _TORCH_DYNAMIC if self.backend == 'native' else _MMCV_DYNAMIC
-        self._spec: _ScaleSpec = _parse_loss_scale(loss_scale, owner, dynamic)
+        dynamic = TORCH_DYNAMIC if self.backend == 'native' else MMCV_DYNAMIC
+        self._spec = parse_loss_scale(loss_scale, owner, dynamic)
         self.coalesce = bool(coalesce)
         self.bucket_size_mb = bucket_size_mb
         self.distributed = bool(distributed)
-        self._engine: Optional[_Engine] = None
+        self._engine: Optional[StepEngine] = None
         self._optimizer: Optional[torch.optim.Optimizer] = None
-        self._grad_norm: Optional[torch.Tensor] = None
-        self._clip_call: Optional[Callable[[], None]] = None
         self._model_only: List[nn.Parameter] = []
         self._restored_iter: Optional[int] = None
 
@@ -235,10 +234,7 @@ class Fp16OptimizerHook:
     @property
     def loss_scaler(self) -> Any:
         """The GradScaler (native) or LossScaler (legacy); None before :meth:`before_run`."""
-        engine = self._engine
-        if engine is None:
-            return None
-        return engine.scaler if isinstance(engine, _NativeEngine) else engine.loss_scaler
+        return None if self._engine is None else self._engine.scaler
 
     @property
     def loss_scale(self) -> float:
@@ -270,46 +266,39 @@ class Fp16OptimizerHook:
         if engine is not None and optimizer is self._optimizer:
             pass  # a second run with the same optimizer: already prepared
         elif self.backend == 'legacy':
-            engine = _LegacyEngine(optimizer, self._spec, self.dtype, owner, self.nonfinite)
+            engine = LegacyEngine(optimizer, self._spec, self.dtype, owner, self.nonfinite,
+                                  self._clip)
             if self.distributed:
                 engine.reduce = self._reduce
             wrap_fp16_model(model, self.dtype, backend='legacy')
         else:
             wrap_fp16_model(model, self.dtype, backend='native')
             first = optimizer.param_groups[0]['params'][0]
-            engine = _NativeEngine(self._spec, self.dtype, lambda: first.device.type,
-                                   self.nonfinite)
+            engine = NativeEngine(self._spec, self.dtype, lambda: first.device.type,
+                                  self.nonfinite, self._clip)
+        if self.backend == 'native':
+            engine.clip_params = list(model.parameters())  # as mmcv clips the model's
+        run_logger = getattr(runner, 'logger', None)
+        engine.logger = logger if run_logger is None else run_logger  # one line per event
         self._engine = engine
         self._optimizer = optimizer
-        self._clip_call = self._make_clip(model, engine)
-        held = {id(p) for p in _flat_params(optimizer)}
+        held = {id(p) for p in flat_params(optimizer)}
         self._model_only = [p for p in model.parameters() if id(p) not in held]
         fp16_meta = (runner.meta or {}).get('fp16') or {}
         step = int(getattr(runner, 'iter', 0) or 0)
-        state = fp16_meta.get('loss_scaler')
-        if state:
-            _check_state_keys(state, owner)
         pending = fp16_meta.get('pending_window')
+        grads = None
         if pending is not None and int(pending['iter']) == step:
-            # Checked before any saved state is applied, so a mismatch loads nothing.
-            _check_pending(self._grad_params(), list(pending['grads']), owner)
-        engine.load_stats(fp16_meta.get('stats'))  # first: loading the scale then notes it
-        if state:
-            engine.load_state_dict(state, step, owner)
-        if isinstance(engine, _LegacyEngine) and fp16_meta.get('master_params') is not None:
-            engine.load_masters(fp16_meta['master_params'], owner)
-        self._restored_iter = None
-        if pending is not None and int(pending['iter']) == step:
-            _restore_grads(self._grad_params(), list(pending['grads']), owner)
-            self._restored_iter = step
+            grads = list(pending['grads'])
+        engine.resume(ResumeState(fp16_meta.get('loss_scaler'), fp16_meta.get('stats'),
+                                  fp16_meta.get('master_params'), grads),
+                      step, owner, engine.grad_params(optimizer))
+        self._restored_iter = None if grads is None else step
 
     def _grad_params(self) -> List[Any]:
         """The tensors whose ``.grad`` accumulates over a window."""
-        engine = self._engine
-        if isinstance(engine, _LegacyEngine):
-            return engine.model_params
-        assert self._optimizer is not None
-        return _flat_params(self._optimizer)
+        assert self._engine is not None and self._optimizer is not None
+        return self._engine.grad_params(self._optimizer)
 
     def _reduce(self, masters: List[nn.Parameter]) -> None:
         if _world_size() > 1:
@@ -325,48 +314,22 @@ class Fp16OptimizerHook:
         for p in self._model_only:
             p.grad = None
 
-    def _make_clip(self, model: nn.Module, engine: _Engine) -> Optional[Callable[[], None]]:
-        """The clipping closure: the masters (legacy) or the model's parameters (native)."""
-        clip = self._clip
-        if clip is None:
-            return None
-        params = engine.masters if isinstance(engine, _LegacyEngine) else list(model.parameters())
-
-        def clip_grads() -> None:
-            self._grad_norm = _clip(params, clip)
-        return clip_grads
-
     def _update(self, runner: Any) -> None:
         """Unscale, clip, step (or skip), update the scale, log, save the scaler state."""
         engine = self._require_engine(runner)
-        self._grad_norm = None
-        step = int(runner.iter) + 1
-        old = engine.loss_scale
-        skipped = engine.step(runner.optimizer, self._clip_call, step, {})
-        if self._grad_norm is not None:
+        engine.grad_norm = None
+        engine.step(runner.optimizer, int(runner.iter) + 1, {})
+        if engine.grad_norm is not None:
             log_buffer = getattr(runner, 'log_buffer', None)
             if log_buffer is not None:
                 outputs = getattr(runner, 'outputs', None) or {}
-                log_buffer.update({'grad_norm': float(self._grad_norm)},
+                log_buffer.update({'grad_norm': float(engine.grad_norm)},
                                   outputs.get('num_samples', 1))
-        if skipped:
-            run_logger = getattr(runner, 'logger', None)
-            if run_logger is not None:
-                run_logger.warning(
-                    f'Check overflow at iteration {step}: gradients are not finite, update '
-                    f'skipped; loss scale {old} -> {engine.loss_scale}.')
-        self._save_state(runner, engine)
-
-    def _save_state(self, runner: Any, engine: _Engine) -> None:
         if runner.meta is None:
             runner.meta = {}
-        fp16 = runner.meta.setdefault('fp16', {})
-        fp16['loss_scaler'] = engine.state_dict()
-        fp16['stats'] = engine.stats()
-        if isinstance(engine, _LegacyEngine):
-            fp16['master_params'] = engine.masters
+        runner.meta.setdefault('fp16', {}).update(engine.checkpoint())
 
-    def _require_engine(self, runner: Any) -> _Engine:
+    def _require_engine(self, runner: Any) -> StepEngine:
         engine = self._engine
         if engine is None or runner.optimizer is not self._optimizer:
             raise RuntimeError(
@@ -433,10 +396,8 @@ class GradientCumulativeFp16OptimizerHook(Fp16OptimizerHook):
     """
 
     def __init__(self, cumulative_iters: int = 1, **kwargs: Any) -> None:
-        if (isinstance(cumulative_iters, bool) or not isinstance(cumulative_iters, int)
-                or cumulative_iters < 1):
-            raise ValueError(f'{type(self).__name__}: cumulative_iters must be an int >= 1, '
-                             f'got {cumulative_iters!r}.')
+        self._window = AccumulationWindow(cumulative_iters, type(self).__name__,
+                                          'cumulative_iters')
         super().__init__(**kwargs)
         self.cumulative_iters = cumulative_iters
         self.divisible_iters = 0
@@ -445,18 +406,10 @@ class GradientCumulativeFp16OptimizerHook(Fp16OptimizerHook):
 
     def _init(self, runner: Any) -> None:
         run_logger = getattr(runner, 'logger', None)
-        if (runner.iter % self.cumulative_iters != 0 and run_logger is not None
-                and self._restored_iter != runner.iter):
-            run_logger.warning(
-                f'Resumed at iteration {runner.iter}, which is not a multiple of '
-                f'cumulative_iters={self.cumulative_iters}, without the gradients of the '
-                "interrupted accumulation window (save runner.meta with the checkpoint to "
-                'keep them).')
-        if self.cumulative_iters > 1 and run_logger is not None and any(
-                isinstance(m, _BatchNorm) for m in runner.model.modules()):
-            run_logger.warning(
-                'Gradient accumulation with BatchNorm layers: the statistics come from the '
-                'small batches, so results may differ slightly from one large batch.')
+        self._window.warn_on_start(runner.model, runner.iter, self._restored_iter == runner.iter,
+                                   logger if run_logger is None else run_logger,
+                                   'save runner.meta with the checkpoint')
+        self._window.start(runner.max_iters)
         self.divisible_iters = (runner.max_iters // self.cumulative_iters
                                 * self.cumulative_iters)
         self.remainder_iters = runner.max_iters - self.divisible_iters
@@ -473,15 +426,12 @@ class GradientCumulativeFp16OptimizerHook(Fp16OptimizerHook):
         if not self.initialized:
             self._init(runner)
         it = runner.iter
-        if it < self.divisible_iters or self.remainder_iters == 0:
-            factor = self.cumulative_iters
-        else:
-            factor = self.remainder_iters
+        factor = self._window.divisor(it)
         loss = runner.outputs['loss']
         if factor != 1:
             loss = loss / factor
         engine.backward(loss)
-        if (it + 1) % self.cumulative_iters == 0 or it + 1 == runner.max_iters:
+        if self._window.completes(it):
             self._update(runner)
             self._zero_grad(runner)
             if runner.meta:
@@ -492,7 +442,7 @@ class GradientCumulativeFp16OptimizerHook(Fp16OptimizerHook):
             if runner.meta is None:
                 runner.meta = {}
             runner.meta.setdefault('fp16', {})['pending_window'] = {
-                'iter': it + 1, 'grads': _pending_grads(self._grad_params(), copy=False)}
+                'iter': it + 1, 'grads': pending_grads(self._grad_params(), copy=False)}
 
     def __repr__(self) -> str:
         return (f'{type(self).__name__}(cumulative_iters={self.cumulative_iters}, '

@@ -92,8 +92,9 @@ def test_skipped_step_leaves_everything_bit_identical(backend, caplog):
     assert hook.scale_history == [(0, 512.0), (4, 256.0)]
     ours = [r.getMessage() for r in caplog.records if r.name == 'fp16utils']
     theirs = [r.getMessage() for r in caplog.records if r.name == 'mini_runner']
-    assert len(ours) == 1 and 'step 4' in ours[0] and '-> 256.0' in ours[0]
-    assert len(theirs) == 1 and 'Check overflow at iteration 4' in theirs[0]
+    # One line per event, in the runner's log (where an mmcv user reads it).
+    assert ours == []
+    assert len(theirs) == 1 and 'step 4' in theirs[0] and '512.0 -> 256.0' in theirs[0]
     runner.run(data, R.mse)
     after = R.snapshot(runner.model, runner.optimizer)
     assert not torch.equal(after['model.fc1.weight'], before['model.fc1.weight'])

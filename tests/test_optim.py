@@ -860,3 +860,18 @@ def test_repr_names_the_settings():
     text = repr(amp(model, 'legacy', loss_scale=32.0, dtype='float16'))
     assert "AmpOptimWrapper(optimizer=Adam, backend='legacy', dtype=torch.float16" in text
     assert 'loss_scale=32.0' in text
+
+
+def test_autocast_follows_parameters_replaced_by_an_assigning_load():
+    """The device is looked up anew: a model first on 'meta', then loaded with assign=True."""
+    source = nn.Linear(4, 2)
+    with torch.device('meta'):
+        model = nn.Linear(4, 2)
+    wrapper = AmpOptimWrapper(torch.optim.SGD(source.parameters(), lr=0.1), dtype='float16')
+    with pytest.raises(RuntimeError, match='meta'):
+        with wrapper.optim_context(model):
+            pass
+    model.load_state_dict(source.state_dict(), assign=True)
+    with wrapper.optim_context(model):
+        out = model(torch.ones(1, 4))
+    assert out.dtype == torch.float16 and out.device.type == 'cpu'

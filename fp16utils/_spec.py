@@ -1,0 +1,294 @@
+"""What the training arguments mean: ``loss_scale``, ``clip_grad``, scaler states, policies.
+
+This module is the one reading of the arguments that the 1.x wrappers, the
+0.x hooks and the config migration all take, so that they agree on what a
+value means and on what is an error. It needs only the standard library
+(``fp16utils.migrate`` uses it without importing torch).
+
+Example:
+    >>> spec = parse_loss_scale(512., 'Fp16OptimizerHook')
+    >>> spec.static, spec.init_scale
+    (True, 512.0)
+    >>> parse_loss_scale(dict(mode='dynamic', scale_window=100), 'hook').growth_interval
+    100
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any, Dict, Mapping, NamedTuple, Optional, Tuple
+
+__all__ = [
+    'GRAD_SCALER_ARGS', 'GRAD_SCALER_STATE_KEYS', 'LOSS_SCALER_ARGS', 'MIN_LOSS_SCALE',
+    'MMCV_DYNAMIC', 'MMCV_STATE_KEYS', 'NONFINITE_POLICIES', 'SCALE_HISTORY_LEN',
+    'ScaleSpec', 'TORCH_DYNAMIC', 'check_nonfinite_policy', 'check_positive_int',
+    'check_state_keys', 'grad_scaler_to_mmcv_state', 'is_number', 'mmcv_to_grad_scaler_state',
+    'nonfinite_error', 'parse_clip_grad', 'parse_loss_scale', 'positive_finite',
+]
+
+logger = logging.getLogger('fp16utils')
+
+#: How many ``(step, scale)`` entries ``scale_history`` keeps (the latest ones).
+SCALE_HISTORY_LEN = 64
+#: The native loss scale never backs off below this (nor below its initial value),
+#: as mmcv's LossScaler never goes below 1.
+MIN_LOSS_SCALE = 1.0
+
+
+def is_number(value: Any) -> bool:
+    """Whether ``value`` is an int or a float (a bool is not a number here).
+
+    Example:
+        >>> is_number(2), is_number(2.5), is_number(True), is_number('2')
+        (True, True, False, False)
+    """
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def positive_finite(value: Any) -> bool:
+    """Whether ``value`` is a finite number > 0.
+
+    Example:
+        >>> positive_finite(0.5), positive_finite(0), positive_finite(float('inf'))
+        (True, False, False)
+    """
+    return is_number(value) and math.isfinite(value) and value > 0
+
+
+def check_positive_int(value: Any, owner: str, name: str) -> int:
+    """Return ``value`` when it is an int >= 1, else raise a ValueError naming it.
+
+    Example:
+        >>> check_positive_int(4, 'OptimWrapper', 'accumulative_counts')
+        4
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f'{owner}: {name} must be an int >= 1, got {value!r}.')
+    return value
+
+
+# --------------------------------------------------------------------------- loss scale
+
+
+class ScaleSpec(NamedTuple):
+    """A parsed ``loss_scale`` argument, independent of the backend."""
+
+    static: bool
+    init_scale: float
+    growth_factor: float
+    backoff_factor: float
+    growth_interval: int
+    enabled: bool = True
+
+
+#: ``'dynamic'`` with torch's GradScaler defaults (the 1.x wrappers, the native hook).
+TORCH_DYNAMIC = ScaleSpec(False, 2.0**16, 2.0, 0.5, 2000)
+#: ``'dynamic'`` with mmcv's LossScaler defaults (the legacy 0.x hook).
+MMCV_DYNAMIC = ScaleSpec(False, 2.0**32, 2.0, 0.5, 1000)
+
+GRAD_SCALER_ARGS = ('init_scale', 'growth_factor', 'backoff_factor', 'growth_interval',
+                    'enabled')
+LOSS_SCALER_ARGS = ('init_scale', 'mode', 'scale_factor', 'scale_window')
+MMCV_STATE_KEYS = ('cur_scale', 'cur_iter', 'mode', 'last_overflow_iter', 'scale_factor',
+                   'scale_window')
+GRAD_SCALER_STATE_KEYS = ('scale', 'growth_factor', 'backoff_factor', 'growth_interval',
+                          '_growth_tracker')
+
+
+def parse_loss_scale(loss_scale: Any, owner: str,
+                     dynamic: ScaleSpec = TORCH_DYNAMIC) -> ScaleSpec:
+    """Turn ``'dynamic'``, a number or a dict into a :class:`ScaleSpec`.
+
+    The dict takes GradScaler's arguments (init_scale, growth_factor,
+    backoff_factor, growth_interval, enabled) or LossScaler's (init_scale,
+    mode, scale_factor, scale_window), so configs written for either backend
+    work on both.
+    """
+    usage = (f"{owner}: loss_scale must be 'dynamic', a positive number (a static scale) "
+             'or a dict of scaler arguments (init_scale, growth_factor, backoff_factor, '
+             'growth_interval, enabled; or mmcv\'s init_scale, mode, scale_factor, '
+             'scale_window)')
+    if isinstance(loss_scale, str):
+        if loss_scale == 'dynamic':
+            return dynamic
+        raise ValueError(f"{usage}; got the string {loss_scale!r}.")
+    if is_number(loss_scale):
+        if not positive_finite(loss_scale):
+            raise ValueError(f'{usage}; got {loss_scale!r}, which is not a finite number > 0.')
+        return dynamic._replace(static=True, init_scale=float(loss_scale))
+    if not isinstance(loss_scale, Mapping):
+        raise ValueError(f'{usage}; got {type(loss_scale).__name__} {loss_scale!r}.')
+    args = dict(loss_scale)
+    known = set(GRAD_SCALER_ARGS) | set(LOSS_SCALER_ARGS)
+    unknown = sorted(set(args) - known, key=str)
+    if unknown:
+        raise ValueError(f'{usage}; got the unknown key(s) {unknown}.')
+    for ours, theirs in (('growth_factor', 'scale_factor'), ('growth_interval', 'scale_window')):
+        if ours in args and theirs in args:
+            raise ValueError(f'{usage}; {ours!r} and {theirs!r} are the same setting in two '
+                             'vocabularies: give only one of them.')
+    mode = args.get('mode', 'dynamic')
+    if mode not in ('dynamic', 'static'):
+        raise ValueError(f"{usage}; mode must be 'dynamic' or 'static', got {mode!r}.")
+    static = mode == 'static'
+    init_scale = args.get('init_scale', dynamic.init_scale)
+    if not positive_finite(init_scale):
+        raise ValueError(f'{usage}; init_scale must be a finite number > 0, got {init_scale!r}.')
+    growth = args.get('growth_factor', args.get('scale_factor', dynamic.growth_factor))
+    if 'backoff_factor' in args:
+        backoff = args['backoff_factor']
+    elif 'scale_factor' in args and positive_finite(growth):
+        backoff = 1.0 / growth
+    else:
+        backoff = dynamic.backoff_factor
+    interval = args.get('growth_interval', args.get('scale_window', dynamic.growth_interval))
+    enabled = args.get('enabled', True)
+    if not isinstance(enabled, bool):
+        raise ValueError(f'{usage}; enabled must be True or False, got {enabled!r}.')
+    factors_ok = (positive_finite(growth) and growth > 1 and positive_finite(backoff)
+                  and backoff < 1)
+    interval_ok = isinstance(interval, int) and not isinstance(interval, bool) and interval >= 1
+    if static:
+        # Growth and backoff never happen; keep valid values for GradScaler.
+        if not factors_ok:
+            growth, backoff = dynamic.growth_factor, dynamic.backoff_factor
+        if not interval_ok:
+            interval = dynamic.growth_interval
+    else:
+        if not factors_ok:
+            raise ValueError(
+                f'{usage}; a dynamic scale needs growth_factor (scale_factor) > 1 and '
+                f'0 < backoff_factor < 1, got growth_factor={growth!r}, '
+                f'backoff_factor={backoff!r}.')
+        if not interval_ok:
+            raise ValueError(f'{usage}; growth_interval (scale_window) must be an int >= 1, '
+                             f'got {interval!r}.')
+    return ScaleSpec(static, float(init_scale), float(growth), float(backoff), int(interval),
+                      enabled)
+
+
+def mmcv_to_grad_scaler_state(state: Mapping[str, Any]) -> Tuple[Dict[str, Any], bool]:
+    """Map an mmcv ``LossScaler`` state onto GradScaler's; also return whether it is static.
+
+    mmcv grows the scale when ``(cur_iter - last_overflow_iter) % scale_window
+    == 0`` at a clean update; GradScaler when ``growth_tracker + 1 ==
+    growth_interval``. Both agree when ``growth_tracker = (cur_iter -
+    last_overflow_iter - 1) mod scale_window``.
+    """
+    window = int(state['scale_window'])
+    factor = float(state['scale_factor'])
+    tracker = (int(state['cur_iter']) - int(state['last_overflow_iter']) - 1) % window
+    return {
+        'scale': float(state['cur_scale']),
+        'growth_factor': factor,
+        'backoff_factor': 1.0 / factor,
+        'growth_interval': window,
+        '_growth_tracker': tracker,
+    }, state['mode'] == 'static'
+
+
+def grad_scaler_to_mmcv_state(state: Mapping[str, Any], static: bool) -> Dict[str, Any]:
+    """Map a GradScaler state onto mmcv's ``LossScaler`` keys (the inverse mapping)."""
+    growth = float(state['growth_factor'])
+    backoff = float(state['backoff_factor'])
+    if not math.isclose(growth * backoff, 1.0, rel_tol=1e-6):
+        logger.warning(
+            'Loading a GradScaler state (growth_factor=%s, backoff_factor=%s) into the legacy '
+            "backend's LossScaler, which backs off by 1/growth_factor; backoff_factor is "
+            'ignored.', growth, backoff)
+    return {
+        'cur_scale': float(state['scale']),
+        'cur_iter': int(state['_growth_tracker']),
+        'mode': 'static' if static else 'dynamic',
+        'last_overflow_iter': -1,
+        'scale_factor': growth,
+        'scale_window': int(state['growth_interval']),
+    }
+
+
+def check_state_keys(state: Mapping[str, Any], owner: str) -> str:
+    """Say which scaler format ``state`` is in: ``'mmcv'`` or ``'torch'``."""
+    if not isinstance(state, Mapping):
+        raise TypeError(f'{owner}: a loss scaler state must be a dict, got '
+                        f'{type(state).__name__}.')
+    if 'cur_scale' in state:
+        keys, kind = MMCV_STATE_KEYS, 'mmcv'
+    else:
+        keys, kind = GRAD_SCALER_STATE_KEYS, 'torch'
+    missing = [k for k in keys if k not in state]
+    if missing:
+        raise KeyError(
+            f'{owner}: the loss scaler state {sorted(state)} is missing {missing}; expected '
+            f'GradScaler.state_dict() keys {list(GRAD_SCALER_STATE_KEYS)} or mmcv '
+            f'LossScaler keys {list(MMCV_STATE_KEYS)}.')
+    return kind
+
+
+def parse_clip_grad(clip_grad: Any, owner: str) -> Optional[Tuple[str, Dict[str, Any]]]:
+    """Validate ``clip_grad`` into ``('norm' | 'value', kwargs)`` (None: no clipping)."""
+    if clip_grad is None:
+        return None
+    usage = (f"{owner}: clip_grad must be None, dict(max_norm=..., norm_type=2) to clip by "
+             "norm, or dict(type='value', clip_value=...) to clip by value")
+    if not isinstance(clip_grad, Mapping) or not clip_grad:
+        raise ValueError(f'{usage}; got {clip_grad!r}.')
+    kwargs = dict(clip_grad)
+    kind = kwargs.pop('type', 'norm')
+    if kind == 'norm':
+        allowed = ('max_norm', 'norm_type', 'error_if_nonfinite', 'foreach')
+        if 'max_norm' not in kwargs:
+            raise ValueError(f'{usage}; clipping by norm needs max_norm, got {clip_grad!r}.')
+        if not positive_finite(kwargs['max_norm']):
+            raise ValueError(f"{usage}; max_norm must be a finite number > 0, got "
+                             f"{kwargs['max_norm']!r}.")
+        norm_type = kwargs.get('norm_type', 2.0)
+        if norm_type in ('inf', 'Inf'):
+            kwargs['norm_type'] = norm_type = math.inf
+        if not (is_number(norm_type) and norm_type > 0):
+            raise ValueError(f"{usage}; norm_type must be a number > 0 or 'inf', got "
+                             f'{norm_type!r}.')
+    elif kind == 'value':
+        allowed = ('clip_value', 'foreach')
+        if 'clip_value' not in kwargs or not positive_finite(kwargs['clip_value']):
+            raise ValueError(f'{usage}; clipping by value needs clip_value, a finite number '
+                             f'> 0, got {clip_grad!r}.')
+    else:
+        raise ValueError(f"{usage}; type must be 'norm' or 'value', got {kind!r}.")
+    unknown = sorted(set(kwargs) - set(allowed), key=str)
+    if unknown:
+        raise ValueError(f'{usage}; {kind!r} clipping takes {list(allowed)}, got the unknown '
+                         f'key(s) {unknown}.')
+    kwargs.setdefault('foreach', None)  # torch picks the fused path where the device has one
+    return kind, kwargs
+
+
+# --------------------------------------------------------------------------- non-finite policy
+
+
+#: What to do with non-finite gradients when no dynamic loss scale can back off
+#: (bfloat16, scaling disabled, or a static scale).
+NONFINITE_POLICIES = ('warn', 'raise', 'ignore')
+
+
+def check_nonfinite_policy(nonfinite: Any, owner: str) -> str:
+    """Return ``nonfinite`` when it is one of :data:`NONFINITE_POLICIES`, else raise.
+
+    Example:
+        >>> check_nonfinite_policy('raise', 'AmpOptimWrapper')
+        'raise'
+    """
+    if nonfinite not in NONFINITE_POLICIES:
+        raise ValueError(
+            f'{owner}: nonfinite must be one of {NONFINITE_POLICIES} (what to do with an '
+            'inf/nan gradient when no dynamic loss scale can back off: skip the update '
+            f'with a warning, raise FloatingPointError, or apply it); got {nonfinite!r}.')
+    return nonfinite
+
+
+def nonfinite_error(step: int, why: str) -> FloatingPointError:
+    """The error that ``nonfinite='raise'`` raises for a step with inf/nan gradients."""
+    return FloatingPointError(
+        f'step {step}: non-finite gradients (inf/nan) {why}; the update was not applied '
+        '(parameters and optimizer state are unchanged). Look for the cause with '
+        "fp16utils.find_overflow(model), or pass nonfinite='warn' to skip such steps.")

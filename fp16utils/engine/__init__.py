@@ -1,0 +1,37 @@
+"""The step engine: how an optimizer step is taken, skipped, recorded, saved and restored.
+
+Both training styles drive the same engine: the 1.x optimizer wrappers
+(:mod:`fp16utils.optim`) and the 0.x hooks (:mod:`fp16utils.hooks`) only say
+*when* to backward and to step, and where the state lives in a checkpoint.
+Three engines share one interface:
+
+- :class:`StepEngine`: float32 (no scaling); the base, with no-op defaults.
+- :class:`NativeEngine`: ``torch.amp.GradScaler`` with skip detection, a scale
+  floor and one device sync per step.
+- :class:`LegacyEngine`: float32 master weights for a half model, scaled by
+  :class:`~fp16utils.LossScaler`.
+
+:class:`AccumulationWindow` is the gradient-accumulation arithmetic both
+styles share (the loss divisor, when to step, the warnings on resume).
+
+Example:
+    >>> import torch
+    >>> from torch import nn
+    >>> model = nn.Linear(2, 1)
+    >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    >>> from fp16utils._spec import TORCH_DYNAMIC
+    >>> engine = NativeEngine(TORCH_DYNAMIC, torch.float16, lambda: 'cpu')
+    >>> engine.backward(model(torch.ones(1, 2)).sum())
+    >>> engine.step(optimizer, step=1, kwargs={})
+    False
+    >>> engine.loss_scale, engine.skipped_steps
+    (65536.0, 0)
+"""
+
+from .base import ResumeState, StepEngine, flat_params, pending_grads
+from .legacy import LegacyEngine
+from .native import NativeEngine
+from .window import AccumulationWindow
+
+__all__ = ['AccumulationWindow', 'LegacyEngine', 'NativeEngine', 'ResumeState', 'StepEngine',
+           'flat_params', 'pending_grads']

@@ -1,0 +1,267 @@
+"""The base step engine: float32 steps, the records, and the resume sequence.
+
+Example:
+    >>> import torch
+    >>> p = torch.nn.Parameter(torch.ones(2))
+    >>> engine = StepEngine()
+    >>> engine.backward(p.sum())
+    >>> engine.step(torch.optim.SGD([p], lr=1.0), step=1, kwargs={})
+    False
+    >>> p.tolist()
+    [0.0, 0.0]
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple
+
+import torch
+from torch import nn
+
+from .._spec import (
+    SCALE_HISTORY_LEN,
+    check_state_keys,
+    nonfinite_error,
+    positive_finite,
+)
+from ..scaler import _dense_grads, non_finite_check_
+
+__all__ = ['Clip', 'ResumeState', 'StepEngine', 'check_pending', 'flat_params',
+           'pending_grads']
+
+logger = logging.getLogger('fp16utils')
+
+_Tensor = torch.Tensor
+Clip = Tuple[str, Dict[str, Any]]
+
+
+def flat_params(optimizer: torch.optim.Optimizer) -> List[_Tensor]:
+    """Every parameter of ``optimizer``'s param groups, in order.
+
+    Example:
+        >>> p = torch.nn.Parameter(torch.ones(1))
+        >>> flat_params(torch.optim.SGD([p], lr=1.0)) == [p]
+        True
+    """
+    return [p for group in optimizer.param_groups for p in group['params']]
+
+
+def _clip(params: List[_Tensor], clip: Clip) -> Optional[_Tensor]:
+    """Clip the gradients of ``params``; return the total norm (norm clipping) or None."""
+    kind, kwargs = clip
+    if kind == 'norm':
+        return torch.nn.utils.clip_grad_norm_(params, **kwargs)
+    torch.nn.utils.clip_grad_value_(params, **kwargs)
+    return None
+
+
+def pending_grads(params: List[_Tensor], copy: bool) -> List[Optional[_Tensor]]:
+    """The gradients accumulated so far in an unfinished window (copies, or references)."""
+    if copy:
+        return [None if p.grad is None else p.grad.detach().clone() for p in params]
+    return [p.grad for p in params]
+
+
+def check_pending(params: List[_Tensor], grads: List[Optional[_Tensor]], owner: str) -> None:
+    """Raise when saved pending gradients do not fit ``params``."""
+    if len(grads) != len(params) or any(
+            g is not None and g.shape != p.shape for p, g in zip(params, grads)):
+        raise ValueError(
+            f'{owner}: the saved pending gradients ({len(grads)} tensors) do not match the '
+            f'{len(params)} parameters here; load a state saved from the same model and '
+            'optimizer.')
+
+
+def _restore_grads(params: List[_Tensor], grads: List[Optional[_Tensor]]) -> None:
+    for p, g in zip(params, grads):
+        p.grad = None if g is None else g.detach().to(p.device, p.dtype, copy=True)
+
+
+class ResumeState(NamedTuple):
+    """What a checkpoint holds for an engine, whatever the training style wrote it."""
+
+    #: A ``GradScaler`` or mmcv ``LossScaler`` state dict (empty or None: none saved).
+    scaler: Optional[Mapping[str, Any]] = None
+    #: ``{'skipped_steps': ..., 'scale_history': ...}`` or None.
+    stats: Optional[Mapping[str, Any]] = None
+    #: The float32 master weights (legacy backend) or None.
+    masters: Optional[List[_Tensor]] = None
+    #: The gradients of an unfinished accumulation window, or None.
+    pending: Optional[List[Optional[_Tensor]]] = None
+
+
+class StepEngine:
+    """Float32 steps: backward, clip, step. The base engine, with no-op defaults.
+
+    Args:
+        clip: A parsed ``clip_grad`` (see :func:`fp16utils._spec.parse_clip_grad`).
+        nonfinite: What to do with an inf/nan gradient (``'ignore'``: apply it).
+
+    Attributes:
+        grad_norm: The total norm of the last norm-clipped step (a 0-dim tensor).
+        clip_params: What to clip (None: the optimizer's parameters).
+        logger: Where skipped steps are reported (anything with ``warning(str)``).
+    """
+
+    #: Whether the loss is scaled.
+    enabled = False
+
+    def __init__(self, clip: Optional[Clip] = None, nonfinite: str = 'ignore') -> None:
+        self.clip = clip
+        self.clip_params: Optional[List[_Tensor]] = None
+        self.grad_norm: Optional[_Tensor] = None
+        self.nonfinite = nonfinite
+        self.skipped_steps = 0
+        self.scale_history: List[Tuple[int, float]] = []
+        self.logger: Any = logger
+
+    # -- what the owner reads ----------------------------------------------------------------
+
+    @property
+    def loss_scale(self) -> float:
+        """The current loss scale (1.0 when nothing is scaled); no device sync."""
+        return 1.0
+
+    @property
+    def scaler(self) -> Any:
+        """The scaler object (GradScaler or LossScaler), or None."""
+        return None
+
+    @property
+    def masters(self) -> Optional[List[nn.Parameter]]:
+        """The float32 master weights (legacy backend), else None."""
+        return None
+
+    def grad_params(self, optimizer: torch.optim.Optimizer) -> List[_Tensor]:
+        """The tensors whose ``.grad`` accumulates over a window."""
+        return flat_params(optimizer)
+
+    # -- the step ---------------------------------------------------------------------------
+
+    def backward(self, loss: _Tensor, **kwargs: Any) -> None:
+        """Backward ``loss`` (scaled, where the engine scales)."""
+        loss.backward(**kwargs)
+
+    def zero_grad(self, optimizer: torch.optim.Optimizer, **kwargs: Any) -> None:
+        """Zero the gradients."""
+        optimizer.zero_grad(**kwargs)
+
+    def clip_grads(self, optimizer: torch.optim.Optimizer) -> None:
+        """Clip the (unscaled) gradients, when clipping is configured."""
+        clip = self.clip
+        if clip is None:
+            return
+        params = self.clip_params
+        norm = _clip(flat_params(optimizer) if params is None else params, clip)
+        if norm is not None:
+            self.grad_norm = norm
+
+    def step(self, optimizer: torch.optim.Optimizer, step: int,
+             kwargs: Mapping[str, Any]) -> bool:
+        """Clip and step; return True when the step was skipped.
+
+        Args:
+            optimizer: The optimizer to step.
+            step: The iteration number, for the records and the messages.
+            kwargs: Keyword arguments of ``optimizer.step``.
+        """
+        if self.nonfinite != 'ignore' and self._unscaled_skip(
+                _dense_grads(flat_params(optimizer)), step):
+            return True
+        self.clip_grads(optimizer)
+        optimizer.step(**kwargs)
+        return False
+
+    def _unscaled_skip(self, grads: List[_Tensor], step: int) -> bool:
+        """No loss scaling: apply the non-finite policy; True when the step is skipped.
+
+        One fused check and one device sync, unless the policy is ``'ignore'``.
+        """
+        if self.nonfinite == 'ignore' or not grads or not non_finite_check_(grads):
+            return False
+        if self.nonfinite == 'raise':
+            raise nonfinite_error(step, 'and no loss scaling to back off')
+        self.skipped_steps += 1
+        self.logger.warning(f'step {step}: non-finite gradients (inf/nan) and no loss '
+                            'scaling to back off; update skipped')
+        return True
+
+    def _record(self, step: int, skipped: bool, old: float, new: float) -> None:
+        if skipped:
+            self.skipped_steps += 1
+            self.logger.warning(f'step {step}: non-finite gradients (inf/nan), update '
+                                f'skipped; loss scale {old} -> {new}')
+        if new != old:
+            self._note_scale(step, new)
+
+    def _note_scale(self, step: int, scale: float) -> None:
+        history = self.scale_history
+        if history and history[-1][1] == scale:
+            return
+        history.append((step, scale))
+        if len(history) > SCALE_HISTORY_LEN:
+            del history[0]
+
+    # -- state ------------------------------------------------------------------------------
+
+    def state_dict(self) -> Dict[str, Any]:
+        """The scaler state (empty when nothing is scaled)."""
+        return {}
+
+    def stats(self) -> Dict[str, Any]:
+        """The skip count and scale history, for checkpoints."""
+        return {'skipped_steps': self.skipped_steps, 'scale_history': list(self.scale_history)}
+
+    def resume(self, state: ResumeState, step: int, owner: str, grad_params: List[_Tensor],
+               load_optimizer: Optional[Callable[[], None]] = None,
+               reread_masters: bool = False) -> None:
+        """Restore a checkpoint: everything is checked before anything changes.
+
+        Args:
+            state: What the checkpoint holds.
+            step: The iteration the run resumes at (for the scale history).
+            owner: Who resumes, for error messages.
+            grad_params: Where pending gradients go back (see :meth:`grad_params`).
+            load_optimizer: Loads the optimizer state, after the checks.
+            reread_masters: Without saved masters, re-read them from the model.
+        """
+        scaler_state = state.scaler or None
+        if scaler_state is not None:
+            self._check_scaler_state(scaler_state, owner)
+        if state.pending is not None:
+            check_pending(grad_params, list(state.pending), owner)
+        self._check_masters(state.masters, owner)
+        if load_optimizer is not None:
+            load_optimizer()
+        stats = state.stats
+        if stats:  # first: loading the scale then notes it when it differs
+            self.skipped_steps = int(stats['skipped_steps'])
+            self.scale_history = [(int(s), float(v)) for s, v in stats['scale_history']
+                                  ][-SCALE_HISTORY_LEN:]
+        if self.enabled and scaler_state is not None:
+            self._load_scaler_state(scaler_state)
+            self._note_scale(step, self.loss_scale)
+        self._load_masters(state.masters, reread_masters)
+        if state.pending is not None:
+            _restore_grads(grad_params, list(state.pending))
+
+    def _check_scaler_state(self, state: Mapping[str, Any], owner: str) -> None:
+        """Raise, naming the problem, when ``state`` cannot be loaded."""
+        scale = state['cur_scale' if check_state_keys(state, owner) == 'mmcv' else 'scale']
+        if not positive_finite(scale):
+            raise ValueError(f'{owner}: the loss scaler state has scale {scale!r}; expected '
+                             'a finite number > 0.')
+
+    def _load_scaler_state(self, state: Mapping[str, Any]) -> None:
+        """Load a checked scaler state (either format)."""
+
+    def _check_masters(self, masters: Optional[List[_Tensor]], owner: str) -> None:
+        """Raise when saved master weights do not fit."""
+
+    def _load_masters(self, masters: Optional[List[_Tensor]], reread: bool) -> None:
+        """Restore checked master weights."""
+
+    def checkpoint(self) -> Dict[str, Any]:
+        """What the engine adds to a checkpoint: scaler state, stats, masters."""
+        return {'loss_scaler': self.state_dict(), 'stats': self.stats()}

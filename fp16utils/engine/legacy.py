@@ -1,0 +1,206 @@
+"""The legacy step engine: float32 master weights for a half model, and ``LossScaler``.
+
+Example:
+    >>> import torch
+    >>> from fp16utils._spec import MMCV_DYNAMIC
+    >>> model = torch.nn.Linear(2, 1)
+    >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    >>> engine = LegacyEngine(optimizer, MMCV_DYNAMIC, torch.float16, 'example')
+    >>> optimizer.param_groups[0]['params'][0] is model.weight  # masters replace them
+    False
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Any, Callable, Dict, List, Mapping, Optional
+
+import torch
+from torch import nn
+
+from .. import _torch
+from .._spec import ScaleSpec, grad_scaler_to_mmcv_state, nonfinite_error
+from ..scaler import LossScaler, non_finite_check_
+from .base import Clip, StepEngine, flat_params
+
+__all__ = ['LegacyEngine']
+
+_Tensor = torch.Tensor
+
+
+class LegacyEngine(StepEngine):
+    """Float32 master weights for a half model, scaled by :class:`~fp16utils.LossScaler`.
+
+    On construction the optimizer's parameters (the model's float32 ones) are
+    cloned into float32 masters that replace them in ``param_groups`` (the
+    optimizer object is kept; its state is re-keyed to the masters). After
+    that the model may be converted to half: each step copies the model's
+    gradients into the masters, checks and unscales them in one fused pass,
+    steps the optimizer and copies the masters back into the model, all with
+    foreach kernels.
+
+    Args:
+        optimizer: Built on the float32 model.
+        spec: The parsed ``loss_scale``.
+        dtype: The low-precision dtype.
+        owner: Who builds it, for error messages.
+        nonfinite: See :data:`fp16utils._spec.NONFINITE_POLICIES`.
+        clip: A parsed ``clip_grad`` (the masters are clipped).
+
+    Attributes:
+        reduce: Called with the masters once their gradients are in (the
+            hook's all-reduce), or None.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, spec: ScaleSpec,
+                 dtype: torch.dtype, owner: str, nonfinite: str = 'warn',
+                 clip: Optional[Clip] = None) -> None:
+        super().__init__(clip, nonfinite)
+        originals = flat_params(optimizer)
+        bad = sorted({str(p.dtype) for p in originals if p.dtype != torch.float32})
+        if bad:
+            raise ValueError(
+                f'{owner}: the legacy backend needs an optimizer built on the float32 '
+                f'model, but it holds {bad} parameters; build the optimizer before the '
+                'model is converted to half, and let the wrapper convert it.')
+        if len({id(p) for p in originals}) != len(originals):
+            raise ValueError(f'{owner}: a parameter appears twice in the optimizer\'s '
+                             'param_groups; give each parameter to one group only.')
+        if spec.enabled and _torch.needs_loss_scaling(dtype) and not spec.static and (
+                not math.isclose(spec.growth_factor * spec.backoff_factor, 1.0, rel_tol=1e-6)):
+            raise ValueError(
+                f"{owner}: the legacy backend's LossScaler backs off by 1/growth_factor, "
+                f'but loss_scale asks for growth_factor={spec.growth_factor} and '
+                f'backoff_factor={spec.backoff_factor}; drop backoff_factor or make it '
+                '1/growth_factor.')
+        self.enabled = spec.enabled and _torch.needs_loss_scaling(dtype)
+        self.loss_scaler = LossScaler(
+            init_scale=spec.init_scale, mode='static' if spec.static else 'dynamic',
+            scale_factor=spec.growth_factor, scale_window=spec.growth_interval)
+        self.reduce: Optional[Callable[[List[nn.Parameter]], None]] = None
+        with torch.no_grad():
+            masters = [nn.Parameter(p.detach().clone(memory_format=torch.preserve_format),
+                                    requires_grad=p.requires_grad) for p in originals]
+        mapping = {p: m for p, m in zip(originals, masters)}
+        start = 0
+        for group in optimizer.param_groups:
+            count = len(group['params'])
+            group['params'] = masters[start:start + count]
+            start += count
+        state: Dict[Any, Any] = defaultdict(dict)
+        for key, value in optimizer.state.items():
+            state[mapping.get(key, key)] = value
+        optimizer.state = state
+        self.model_params: List[_Tensor] = originals
+        self._masters: List[nn.Parameter] = masters
+        self.clip_params = masters
+        if self.enabled:
+            self._note_scale(0, self.loss_scaler.loss_scale)
+
+    @property
+    def loss_scale(self) -> float:
+        return self.loss_scaler.loss_scale if self.enabled else 1.0
+
+    @property
+    def scaler(self) -> LossScaler:
+        return self.loss_scaler
+
+    @property
+    def masters(self) -> List[nn.Parameter]:
+        return self._masters
+
+    def grad_params(self, optimizer: torch.optim.Optimizer) -> List[_Tensor]:
+        return self.model_params  # the half model's gradients accumulate
+
+    def backward(self, loss: _Tensor, **kwargs: Any) -> None:
+        if self.enabled:
+            loss = loss.float() * self.loss_scaler.cur_scale
+        loss.backward(**kwargs)
+
+    def zero_grad(self, optimizer: torch.optim.Optimizer, set_to_none: bool = True) -> None:
+        optimizer.zero_grad(set_to_none=set_to_none)
+        if set_to_none:
+            for p in self.model_params:
+                p.grad = None
+        else:
+            grads = [p.grad for p in self.model_params if p.grad is not None]
+            if grads:
+                torch._foreach_zero_(grads)
+
+    def copy_grads_to_masters(self) -> List[_Tensor]:
+        """Copy the model's gradients into the masters' (float32); return those."""
+        src: List[_Tensor] = []
+        dst: List[_Tensor] = []
+        for p, m in zip(self.model_params, self._masters):
+            grad = p.grad
+            if grad is None:
+                m.grad = None
+                continue
+            mgrad = m.grad
+            if mgrad is None:
+                mgrad = m.grad = torch.empty_like(m)
+            src.append(grad)
+            dst.append(mgrad)
+        if dst:
+            torch._foreach_copy_(dst, src)
+        return dst
+
+    def copy_masters_to_model(self) -> None:
+        """Copy the float32 masters into the (half) model's parameters."""
+        with torch.no_grad():
+            torch._foreach_copy_(self.model_params, self._masters)
+
+    def step(self, optimizer: torch.optim.Optimizer, step: int,
+             kwargs: Mapping[str, Any]) -> bool:
+        grads = self.copy_grads_to_masters()
+        if self.reduce is not None:
+            self.reduce(self._masters)
+            # The reduction may give a master a gradient it had not (another rank had one).
+            grads = [m.grad for m in self._masters if m.grad is not None]
+        scaler = self.loss_scaler
+        old = scaler.cur_scale
+        if not self.enabled:
+            if self._unscaled_skip(grads, step):
+                return True
+            overflow = False
+        else:
+            overflow = non_finite_check_(grads, 1.0 / old)
+            if overflow and scaler.mode == 'static' and self.nonfinite == 'raise':
+                raise nonfinite_error(step, f'with the static loss scale {old}')
+        if not overflow:
+            self.clip_grads(optimizer)
+            optimizer.step(**kwargs)
+            self.copy_masters_to_model()
+        if self.enabled:
+            scaler.update_scale(overflow)
+            self._record(step, overflow, old, scaler.cur_scale)
+        return overflow
+
+    def state_dict(self) -> Dict[str, Any]:
+        return self.loss_scaler.state_dict() if self.enabled else {}
+
+    def checkpoint(self) -> Dict[str, Any]:
+        return {**super().checkpoint(), 'master_params': self._masters}  # references
+
+    def _load_scaler_state(self, state: Mapping[str, Any]) -> None:
+        if 'cur_scale' not in state:
+            state = grad_scaler_to_mmcv_state(state, self.loss_scaler.mode == 'static')
+        self.loss_scaler.load_state_dict(state)
+
+    def _check_masters(self, masters: Optional[List[_Tensor]], owner: str) -> None:
+        if masters is not None and (len(masters) != len(self._masters) or any(
+                a.shape != b.shape for a, b in zip(masters, self._masters))):
+            raise ValueError(
+                f'{owner}: the saved master weights ({len(masters)} tensors) do not match '
+                f"this optimizer's {len(self._masters)} parameters; load a state saved "
+                'from the same model and optimizer.')
+
+    def _load_masters(self, masters: Optional[List[_Tensor]], reread: bool) -> None:
+        with torch.no_grad():
+            if masters is None:
+                if reread:
+                    torch._foreach_copy_(self._masters, self.model_params)
+                return
+            torch._foreach_copy_(self._masters, list(masters))
+            torch._foreach_copy_(self.model_params, self._masters)

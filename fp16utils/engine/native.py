@@ -1,0 +1,195 @@
+"""The native step engine: ``torch.amp.GradScaler`` with a floor and one sync per step.
+
+Example:
+    >>> import torch
+    >>> from fp16utils._spec import TORCH_DYNAMIC
+    >>> engine = NativeEngine(TORCH_DYNAMIC, torch.bfloat16, lambda: 'cpu')
+    >>> engine.enabled, engine.loss_scale  # bfloat16 needs no loss scaling
+    (False, 1.0)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Mapping, Optional
+
+import torch
+
+from .. import _torch
+from .._spec import MIN_LOSS_SCALE, ScaleSpec, mmcv_to_grad_scaler_state, nonfinite_error
+from .base import Clip, StepEngine
+
+__all__ = ['NativeEngine']
+
+_Tensor = torch.Tensor
+
+
+class NativeEngine(StepEngine):
+    """``torch.amp.GradScaler`` with skip detection, a scale floor and no extra syncs.
+
+    ``GradScaler.unscale_`` checks and unscales the gradients (fused kernels)
+    and records per-device found-inf flags; the engine reads them once (the
+    one ``.item()`` that ``GradScaler.step`` would do anyway) and steps the
+    optimizer only when they are clear, as ``GradScaler.step`` does.
+    Optimizers that handle scaling in their own kernels (``fused=True``) go
+    through ``GradScaler.step`` itself. The scale and growth tracker are
+    mirrored on the host, so ``state_dict()`` and ``loss_scale`` cost no
+    sync; the scale is read back (one more sync) only on the rare steps where
+    it changes, and re-read whenever somebody else loads a state into, or
+    sets the scale of, the GradScaler.
+
+    Args:
+        spec: The parsed ``loss_scale``.
+        dtype: The low-precision dtype (bfloat16 gets no scaling).
+        device_type: Returns the device type of the gradients (the GradScaler
+            is made lazily, at the first scaled backward).
+        nonfinite: See :data:`fp16utils._spec.NONFINITE_POLICIES`.
+        clip: A parsed ``clip_grad``.
+    """
+
+    def __init__(self, spec: ScaleSpec, dtype: torch.dtype,
+                 device_type: Callable[[], str], nonfinite: str = 'warn',
+                 clip: Optional[Clip] = None) -> None:
+        super().__init__(clip, nonfinite)
+        self.enabled = spec.enabled and _torch.needs_loss_scaling(dtype)
+        self.static = spec.static
+        # GradScaler has no floor: a long run of overflows would shrink the scale
+        # until 1/scale is inf and unscaling a clean gradient gives 0 * inf = nan.
+        self._min_scale = min(MIN_LOSS_SCALE, spec.init_scale)
+        self._device_type = device_type
+        self._scaler: Optional[Any] = None
+        self._seen_changes = 0
+        self._scale = spec.init_scale
+        self._tracker = 0
+        self._growth_factor = spec.growth_factor
+        self._backoff_factor = spec.backoff_factor
+        self._growth_interval = spec.growth_interval
+        if self.enabled:
+            self._note_scale(0, self._scale)
+
+    @property
+    def scaler(self) -> Any:
+        """The GradScaler, made on first use for the gradients' device."""
+        scaler = self._scaler
+        if scaler is None:
+            scaler = _torch.make_grad_scaler(
+                self._device_type(), init_scale=self._scale,
+                growth_factor=self._growth_factor, backoff_factor=self._backoff_factor,
+                growth_interval=self._growth_interval, enabled=self.enabled)
+            if self.enabled:
+                scaler.load_state_dict(self._mirror())
+                scaler = _torch.observe_grad_scaler(scaler)
+                self._seen_changes = _torch.grad_scaler_changes(scaler)
+            self._scaler = scaler
+        return scaler
+
+    @property
+    def loss_scale(self) -> float:
+        if not self.enabled:
+            return 1.0
+        self._follow_scaler()
+        return self._scale
+
+    def _follow_scaler(self) -> None:
+        """When somebody else changed the GradScaler, take its state as the truth."""
+        scaler = self._scaler
+        if scaler is None:
+            return
+        changes = _torch.grad_scaler_changes(scaler)
+        if changes == self._seen_changes:
+            return
+        self._seen_changes = changes
+        self._set_mirror(scaler.state_dict())
+        self._note_scale(self.scale_history[-1][0] if self.scale_history else 0, self._scale)
+
+    def backward(self, loss: _Tensor, **kwargs: Any) -> None:
+        if self.enabled:
+            loss = self.scaler.scale(loss)
+        loss.backward(**kwargs)
+
+    def step(self, optimizer: torch.optim.Optimizer, step: int,
+             kwargs: Mapping[str, Any]) -> bool:
+        scaler = self._scaler
+        if not self.enabled or scaler is None or not _torch.grad_scaler_started(scaler):
+            # No loss scaling (bfloat16, or disabled), or no scaled backward yet.
+            return super().step(optimizer, step, kwargs)
+        if 'closure' in kwargs:
+            raise RuntimeError('optimizer.step(closure=...) is not supported with loss '
+                               'scaling (a closure would backward an unscaled loss); call '
+                               'step() without it.')
+        try:
+            scaler.unscale_(optimizer)
+        except ValueError as err:
+            raise ValueError(
+                f'{err} The native backend keeps float32 parameters and autocasts the '
+                "forward; for a model converted to half, use backend='legacy' (float32 "
+                'master weights).') from None
+        self.clip_grads(optimizer)
+        self._follow_scaler()
+        found = _torch.grad_scaler_found_inf(scaler, optimizer)
+        quiet = _torch.quiet_grad_scaler_update
+        if not found:  # no parameter has a gradient: nothing to check or skip
+            optimizer.step(**kwargs)
+            quiet(scaler, self._scale)
+            return False
+        # The one device sync of the step (GradScaler.step would do the same).
+        if len(found) == 1:
+            skipped = bool(next(iter(found.values())).item())
+        else:
+            skipped = any(bool(v.item()) for v in found.values())
+        if _torch.optimizer_handles_unscaling(optimizer):
+            scaler.step(optimizer, **kwargs)  # fused optimizers skip inside their kernel
+        elif not skipped:
+            optimizer.step(**kwargs)  # what GradScaler.step does once the flag is known
+        old = self._scale
+        if self.static:
+            quiet(scaler, old)
+            if skipped and self.nonfinite == 'raise':
+                raise nonfinite_error(step, f'with the static loss scale {old}')
+        elif skipped:
+            quiet(scaler)
+            self._tracker = 0
+            self._scale = scaler.get_scale()
+            if self._scale < self._min_scale:
+                quiet(scaler, self._min_scale)
+                self._scale = self._min_scale
+        else:
+            quiet(scaler)
+            self._tracker += 1
+            if self._tracker == self._growth_interval:
+                self._tracker = 0
+                self._scale = scaler.get_scale()
+        self._record(step, skipped, old, self._scale)
+        return skipped
+
+    def state_dict(self) -> Dict[str, Any]:
+        """``GradScaler.state_dict()``, built from the host mirror (no sync)."""
+        if not self.enabled:
+            return {}
+        self._follow_scaler()
+        return self._mirror()
+
+    def _mirror(self) -> Dict[str, Any]:
+        return {
+            'scale': self._scale,
+            'growth_factor': self._growth_factor,
+            'backoff_factor': self._backoff_factor,
+            'growth_interval': self._growth_interval,
+            '_growth_tracker': self._tracker,
+        }
+
+    def _load_scaler_state(self, state: Mapping[str, Any]) -> None:
+        if 'cur_scale' in state:
+            new, self.static = mmcv_to_grad_scaler_state(state)
+        else:
+            new = dict(state)
+        self._follow_scaler()  # an outside change made before this load is superseded
+        self._set_mirror(new)
+        if self._scaler is not None:
+            _torch.quiet_grad_scaler_load(self._scaler, self._mirror())
+
+    def _set_mirror(self, state: Mapping[str, Any]) -> None:
+        self._scale = float(state['scale'])
+        self._tracker = int(state['_growth_tracker'])
+        self._growth_factor = float(state['growth_factor'])
+        self._backoff_factor = float(state['backoff_factor'])
+        self._growth_interval = int(state['growth_interval'])

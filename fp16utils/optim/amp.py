@@ -1,0 +1,328 @@
+"""``AmpOptimWrapper``: the mixed-precision optimizer wrapper (autocast, loss scaling).
+
+Example:
+    >>> import torch
+    >>> from torch import nn
+    >>> model = nn.Linear(4, 2)
+    >>> wrapper = AmpOptimWrapper(torch.optim.Adam(model.parameters()), dtype='bfloat16')
+    >>> with wrapper.optim_context(model):
+    ...     out = model(torch.ones(2, 4))
+    >>> out.dtype, wrapper.loss_scale  # bfloat16 needs no loss scaling
+    (torch.bfloat16, 1.0)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import weakref
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
+
+import torch
+from torch import nn
+
+from .. import _torch
+from .._spec import check_nonfinite_policy, parse_loss_scale
+from ..cast import cast_tensor_type
+from ..engine import LegacyEngine, NativeEngine, ResumeState, flat_params
+from ..scaler import LossScaler
+from ..wrap import wrap_fp16_model
+from .wrapper import _NULL_CONTEXT, OptimWrapper
+
+__all__ = ['AmpOptimWrapper']
+
+_Tensor = torch.Tensor
+
+
+class AmpOptimWrapper(OptimWrapper):
+    """Mixed-precision :class:`OptimWrapper`: autocast forward, scaled loss, skipped overflows.
+
+    Native backend (torch >= 1.6): :meth:`optim_context` runs the forward
+    inside ``torch.autocast`` on the model's device type (CPU included) with
+    ``dtype``; the loss is scaled with a ``torch.amp.GradScaler`` made lazily
+    for the device of the parameters; gradients are unscaled before
+    clipping, and a step whose gradients hold an inf or a nan is skipped
+    (parameters and optimizer state untouched) while the scale backs off.
+
+    Legacy backend (older torch, or ``backend='legacy'`` for pure half
+    training): pass ``model=``. The wrapper then owns float32 master copies
+    of the optimizer's parameters (they replace the model's parameters in the
+    optimizer's ``param_groups``; the optimizer object is kept) and converts
+    the model with ``wrap_fp16_model(model, dtype, backend='legacy')``. Inside
+    :meth:`optim_context` the model's float32 tensor inputs are cast to
+    ``dtype`` and its outputs back to float32. Each step copies the half
+    gradients into the masters, lets :class:`LossScaler` decide on a skip,
+    steps the masters and copies them back into the model (foreach kernels).
+    Build the optimizer on the float32 model, before wrapping.
+
+    Cost: on the native backend a step synchronises with the device once,
+    the ``.item()`` that ``GradScaler.step`` always does (the skip flag is
+    read right before it, so the two reads share one wait). The scale itself
+    is read back (``get_scale()``, one more sync) only on the steps where it
+    changes: a skip, or a growth every ``growth_interval`` clean steps.
+    ``state_dict()`` costs no sync. The legacy backend also syncs once per
+    step (the fused overflow check).
+
+    Args:
+        optimizer: Optimizer built on the (float32) model parameters.
+        loss_scale: ``'dynamic'`` (GradScaler's defaults: 2**16, x2 every 2000
+            clean steps, /2 on overflow), a number (a static scale: never
+            grows or backs off, but a non-finite step is still skipped), or a
+            dict of GradScaler arguments (init_scale, growth_factor,
+            backoff_factor, growth_interval, enabled; mmcv's init_scale,
+            mode, scale_factor, scale_window are accepted too).
+        dtype: ``torch.float16`` (default) or ``torch.bfloat16`` (or their
+            names). bfloat16 needs no loss scaling and gets none.
+        backend: ``'native'``, ``'legacy'`` or None for the default (see
+            ``fp16utils._torch.default_backend``).
+        accumulative_counts: See :class:`OptimWrapper`.
+        clip_grad: See :class:`OptimWrapper`.
+        model: The float32 model the optimizer was built on. Required by the
+            legacy backend (it is converted in place); unused by the native one.
+        nonfinite: What to do with an inf/nan gradient when no dynamic scale
+            can back off (bfloat16, scaling disabled, a static scale):
+            ``'warn'`` (default) skips the update and logs a warning,
+            ``'raise'`` raises ``FloatingPointError`` before anything changes
+            (the gradients are left in place for inspection: call
+            :meth:`zero_grad` before training on),
+            ``'ignore'`` applies it as plain torch would (and saves the one
+            fused check and device sync it costs when nothing is scaled).
+            With a dynamic scale an overflow always skips and backs off, and
+            the scale never goes below ``min(1, init_scale)``.
+
+    Attributes:
+        skipped_steps: Steps skipped for non-finite gradients.
+        scale_history: ``(step, scale)`` at the start and at each change of
+            the scale, latest :data:`SCALE_HISTORY_LEN` kept; ``step`` is the
+            iteration count (:attr:`inner_count`) of the update.
+
+    Raises:
+        ValueError: For a bad ``loss_scale``, ``dtype``, ``backend`` or
+            ``clip_grad``, or the legacy backend without ``model``. Nothing
+            is changed then.
+
+    Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> model = nn.Linear(4, 2)
+        >>> wrapper = AmpOptimWrapper(torch.optim.Adam(model.parameters()),
+        ...                           loss_scale=dict(init_scale=1024.), dtype='float16')
+        >>> with wrapper.optim_context(model):
+        ...     out = model(torch.ones(3, 4))
+        >>> out.dtype
+        torch.float16
+        >>> wrapper.update_params(out.float().sum())
+        >>> wrapper.state_dict()['loss_scaler']['scale']
+        1024.0
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer,
+                 loss_scale: Union[str, float, Mapping[str, Any]] = 'dynamic',
+                 dtype: Union[torch.dtype, str, None] = None, backend: Optional[str] = None,
+                 accumulative_counts: int = 1, clip_grad: Optional[Mapping[str, Any]] = None,
+                 model: Optional[nn.Module] = None, nonfinite: str = 'warn') -> None:
+        owner = type(self).__name__
+        nonfinite = check_nonfinite_policy(nonfinite, owner)
+        super().__init__(optimizer, accumulative_counts, clip_grad)
+        spec = parse_loss_scale(loss_scale, owner)
+        self.dtype: torch.dtype = _torch.resolve_dtype(dtype)
+        self.backend: str = _torch.resolve_backend(backend)
+        if model is not None and not isinstance(model, nn.Module):
+            raise TypeError(f'{owner}: model must be an nn.Module, got {type(model).__name__}.')
+        self._ctx_model: Optional[weakref.ref] = None
+        self._ctx_owner: Optional[weakref.ref] = None
+        self._ctx_name = ''
+        self._model = model
+        clip = self._engine.clip
+        if self.backend == 'legacy':
+            if model is None:
+                raise ValueError(
+                    f'{owner}: the legacy backend converts the model to {self.dtype} and keeps '
+                    'float32 master weights, so it needs the model: pass '
+                    f"{owner}(optimizer, ..., model=model) (or backend='native' on "
+                    'torch >= 1.6).')
+            self._engine = LegacyEngine(optimizer, spec, self.dtype, owner, nonfinite, clip)
+            wrap_fp16_model(model, self.dtype, backend='legacy')
+        else:
+            self._engine = NativeEngine(spec, self.dtype, self._param_device_type, nonfinite,
+                                        clip)
+
+    def _param_device_type(self) -> str:
+        return flat_params(self.optimizer)[0].device.type
+
+    # -- read-only state --------------------------------------------------------------------
+
+    @property
+    def loss_scaler(self) -> Union[torch.amp.GradScaler, LossScaler]:
+        """The ``torch.amp.GradScaler`` (native) or :class:`LossScaler` (legacy)."""
+        return self._engine.scaler
+
+    @property
+    def loss_scale(self) -> float:
+        """The current loss scale (1.0 when no scaling is done); reading it costs no sync."""
+        return self._engine.loss_scale
+
+    @property
+    def skipped_steps(self) -> int:
+        """Steps skipped because a gradient held an inf or a nan."""
+        return self._engine.skipped_steps
+
+    @property
+    def scale_history(self) -> List[Tuple[int, float]]:
+        """``(step, scale)`` at the start and at each change of the loss scale."""
+        return self._engine.scale_history
+
+    @property
+    def master_params(self) -> Optional[List[nn.Parameter]]:
+        """The float32 master weights (legacy backend), else None."""
+        return self._engine.masters
+
+    # -- the step ---------------------------------------------------------------------------
+
+    def optim_context(self, model: nn.Module) -> contextlib.AbstractContextManager:
+        """Context for the forward pass: autocast (native) or half inputs (legacy).
+
+        Native: ``torch.autocast`` on the model's device type with
+        :attr:`dtype`. Legacy: float32 tensor inputs of ``model`` are cast to
+        :attr:`dtype` and its outputs back to float32. In both cases the
+        parent's context (no DDP gradient all-reduce while accumulating) is
+        entered first.
+
+        Args:
+            model: The model (or the sub-model) run inside the context.
+
+        Returns:
+            A context manager, to be entered once.
+        """
+        if self.backend == 'native':
+            inner: contextlib.AbstractContextManager = _torch.autocast_for(
+                self._model_device_type(model), self.dtype)
+        else:
+            inner = _CastIO(model, self.dtype)
+        outer = super().optim_context(model)
+        return inner if outer is _NULL_CONTEXT else _Both(outer, inner)
+
+    def _model_device_type(self, model: nn.Module) -> str:
+        """The device type of ``model``'s first parameter (or buffer).
+
+        Where that tensor lives is looked up anew on each call, through the
+        submodule that owns it, so ``model.to(...)``, parameters replaced by
+        ``load_state_dict(..., assign=True)`` and swapped modules are seen;
+        only the path to it is cached.
+        """
+        ref = self._ctx_model
+        if ref is not None and ref() is model:
+            owner = self._ctx_owner() if self._ctx_owner is not None else None
+            if owner is not None:
+                tensor = owner._parameters.get(self._ctx_name)
+                if tensor is None:
+                    tensor = owner._buffers.get(self._ctx_name)
+                if tensor is not None:
+                    return tensor.device.type
+        self._ctx_model = weakref.ref(model)
+        self._ctx_owner = None
+        for kind in ('_parameters', '_buffers'):
+            for module in model.modules():
+                for name, tensor in getattr(module, kind).items():
+                    if tensor is not None:
+                        self._ctx_owner = weakref.ref(module)
+                        self._ctx_name = name
+                        return tensor.device.type
+        return self._param_device_type()
+
+    # -- state ------------------------------------------------------------------------------
+
+    def _engine_state(self) -> Dict[str, Any]:
+        state = self._engine.checkpoint()
+        state['fp16_stats'] = state.pop('stats')
+        if 'master_params' in state:
+            state['master_params'] = list(state['master_params'])
+        return state
+
+    def _resume_state(self, state: Dict[str, Any]) -> ResumeState:
+        return ResumeState(scaler=state.pop('loss_scaler', None),
+                           stats=state.pop('fp16_stats', None),
+                           masters=state.pop('master_params', None))
+
+    def state_dict(self) -> Dict[str, Any]:
+        """The optimizer state plus ``'loss_scaler'`` (and ``'master_params'`` on legacy).
+
+        ``'loss_scaler'`` is ``GradScaler.state_dict()`` on the native backend
+        and ``LossScaler.state_dict()`` (mmcv's keys) on the legacy one; each
+        backend loads either. ``'master_params'`` holds the float32 master
+        weights (references, like the optimizer state), needed to resume a
+        half model exactly.
+        """
+        return super().state_dict()
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Restore a state written by :meth:`state_dict` (the argument is not changed).
+
+        Without ``'master_params'`` (a native checkpoint), the legacy backend
+        re-reads its masters from the model's current weights. Everything is
+        checked before anything is loaded.
+        """
+        super().load_state_dict(state_dict)
+
+    def __repr__(self) -> str:
+        return (f'{type(self).__name__}(optimizer={type(self.optimizer).__name__}, '
+                f'backend={self.backend!r}, dtype={self.dtype}, loss_scale={self.loss_scale}, '
+                f'accumulative_counts={self.accumulative_counts}, '
+                f'clip_grad={self.clip_grad})')
+
+
+class _Both:
+    """Enter ``outer`` then ``inner``; exit in reverse (a two-item ExitStack, cheaper)."""
+
+    __slots__ = ('outer', 'inner')
+
+    def __init__(self, outer: contextlib.AbstractContextManager,
+                 inner: contextlib.AbstractContextManager) -> None:
+        self.outer = outer
+        self.inner = inner
+
+    def __enter__(self) -> None:
+        self.outer.__enter__()
+        try:
+            self.inner.__enter__()
+        except BaseException:
+            if not self.outer.__exit__(*sys.exc_info()):
+                raise
+
+    def __exit__(self, *exc: Any) -> bool:
+        try:
+            suppressed = bool(self.inner.__exit__(*exc))
+        except BaseException:
+            if not self.outer.__exit__(*sys.exc_info()):
+                raise
+            return True
+        if suppressed:
+            exc = (None, None, None)
+        return bool(self.outer.__exit__(*exc)) or suppressed
+
+
+class _CastIO:
+    """Cast ``model``'s float32 inputs to ``dtype`` and its ``dtype`` outputs to float32."""
+
+    __slots__ = ('model', 'dtype', 'handles')
+
+    def __init__(self, model: nn.Module, dtype: torch.dtype) -> None:
+        self.model = model
+        self.dtype = dtype
+        self.handles: Tuple[Any, ...] = ()
+
+    def _pre(self, module: nn.Module, args: tuple, kwargs: dict) -> Tuple[tuple, dict]:
+        return (cast_tensor_type(args, torch.float32, self.dtype),
+                cast_tensor_type(kwargs, torch.float32, self.dtype))
+
+    def _post(self, module: nn.Module, args: tuple, output: Any) -> Any:
+        return cast_tensor_type(output, self.dtype, torch.float32)
+
+    def __enter__(self) -> None:
+        self.handles = (self.model.register_forward_pre_hook(self._pre, with_kwargs=True),
+                        self.model.register_forward_hook(self._post))
+
+    def __exit__(self, *exc: Any) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = ()

@@ -1,0 +1,209 @@
+"""``build_optim_wrapper``: optimizer wrappers from a 1.x ``optim_wrapper`` config.
+
+Example:
+    >>> from torch import nn
+    >>> wrapper = build_optim_wrapper(nn.Linear(2, 1), dict(
+    ...     type='AmpOptimWrapper', optimizer=dict(type='SGD', lr=0.1), loss_scale=512.))
+    >>> type(wrapper).__name__, wrapper.loss_scale
+    ('AmpOptimWrapper', 512.0)
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Dict, Mapping, NamedTuple, Union
+
+import torch
+from torch import nn
+
+from .. import _torch
+from .._spec import check_positive_int, parse_clip_grad, parse_loss_scale
+from .amp import AmpOptimWrapper
+from .wrapper import OptimWrapper
+from .wrapper_dict import OptimWrapperDict
+
+__all__ = ['build_optim_wrapper']
+
+_WRAPPER_TYPES: Dict[str, type] = {'OptimWrapper': OptimWrapper,
+                                   'AmpOptimWrapper': AmpOptimWrapper}
+_SINGLE_CONSTRUCTORS = ('DefaultOptimWrapperConstructor', 'OptimWrapperConstructor')
+_MULTI_CONSTRUCTORS = ('MultiOptimWrapperConstructor',)
+_COMMON_KEYS = ('type', 'optimizer', 'accumulative_counts', 'clip_grad')
+_AMP_KEYS = ('loss_scale', 'dtype', 'backend', 'nonfinite')
+
+
+def _optimizer_classes() -> Dict[str, type]:
+    return {name: cls for name, cls in vars(torch.optim).items()
+            if isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)
+            and cls is not torch.optim.Optimizer}
+
+
+class _Plan(NamedTuple):
+    """A validated wrapper config, ready to build without further checks."""
+
+    where: str
+    wrapper_cls: type
+    optimizer_cls: type
+    optimizer_kwargs: Dict[str, Any]
+    wrapper_kwargs: Dict[str, Any]
+
+
+def _plan(cfg: Mapping[str, Any], where: str) -> _Plan:
+    cfg = dict(cfg)
+    wtype = cfg.pop('type', 'OptimWrapper')
+    if isinstance(wtype, type) and issubclass(wtype, OptimWrapper):
+        wrapper_cls = wtype
+    elif isinstance(wtype, str) and wtype in _WRAPPER_TYPES:
+        wrapper_cls = _WRAPPER_TYPES[wtype]
+    else:
+        raise ValueError(f'{where}: unknown wrapper type {wtype!r}; expected one of '
+                         f'{list(_WRAPPER_TYPES)}.')
+    is_amp = issubclass(wrapper_cls, AmpOptimWrapper)
+    allowed = _COMMON_KEYS + (_AMP_KEYS if is_amp else ())
+    unknown = sorted(set(cfg) - set(allowed), key=str)
+    if unknown:
+        hint = ''
+        if set(unknown) & set(_AMP_KEYS):
+            hint = " (loss_scale, dtype and backend belong to type='AmpOptimWrapper')"
+        elif 'paramwise_cfg' in unknown:
+            hint = (' (paramwise_cfg is not supported: build the optimizer with your own '
+                    'param groups and wrap it yourself)')
+        raise ValueError(f'{where}: unknown key(s) {unknown}{hint}; a '
+                         f'{wrapper_cls.__name__} config takes {list(allowed)}.')
+    if 'optimizer' not in cfg:
+        raise ValueError(f"{where}: missing 'optimizer', e.g. optimizer=dict(type='Adam', "
+                         'lr=1e-4).')
+    opt_cfg = cfg.pop('optimizer')
+    if not isinstance(opt_cfg, Mapping) or 'type' not in opt_cfg:
+        raise ValueError(f"{where}.optimizer must be a dict with a 'type', e.g. "
+                         f"dict(type='Adam', lr=1e-4); got {opt_cfg!r}.")
+    opt_kwargs = dict(opt_cfg)
+    otype = opt_kwargs.pop('type')
+    if isinstance(otype, type) and issubclass(otype, torch.optim.Optimizer):
+        opt_cls = otype
+    else:
+        classes = _optimizer_classes()
+        if not isinstance(otype, str) or otype not in classes:
+            raise ValueError(f'{where}.optimizer: unknown optimizer type {otype!r}; expected '
+                             f'a torch.optim class name, one of {sorted(classes)}.')
+        opt_cls = classes[otype]
+    # Validate the wrapper arguments now, so that building changes nothing on error.
+    owner = f'{where} ({wrapper_cls.__name__})'
+    check_positive_int(cfg.get('accumulative_counts', 1), owner, 'accumulative_counts')
+    parse_clip_grad(cfg.get('clip_grad'), owner)
+    if is_amp:
+        parse_loss_scale(cfg.get('loss_scale', 'dynamic'), owner)
+        cfg['dtype'] = _torch.resolve_dtype(cfg.get('dtype'))
+        _torch.resolve_backend(cfg.get('backend'))
+    return _Plan(where, wrapper_cls, opt_cls, opt_kwargs, cfg)
+
+
+def _make_optimizer(plan: _Plan, module: nn.Module) -> torch.optim.Optimizer:
+    try:
+        return plan.optimizer_cls(module.parameters(), **plan.optimizer_kwargs)
+    except (TypeError, ValueError) as err:
+        raise type(err)(f'{plan.where}.optimizer: {plan.optimizer_cls.__name__} rejected '
+                        f'{plan.optimizer_kwargs}: {err}') from None
+
+
+def _make_wrapper(plan: _Plan, optimizer: torch.optim.Optimizer,
+                  module: nn.Module) -> OptimWrapper:
+    kwargs = dict(plan.wrapper_kwargs)
+    if issubclass(plan.wrapper_cls, AmpOptimWrapper):
+        kwargs['model'] = module
+    return plan.wrapper_cls(optimizer, **kwargs)
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    parallel = (nn.DataParallel, nn.parallel.DistributedDataParallel)
+    return model.module if isinstance(model, parallel) else model
+
+
+def build_optim_wrapper(model: nn.Module, cfg: Mapping[str, Any]
+                        ) -> Union[OptimWrapper, OptimWrapperDict]:
+    """Build an optimizer wrapper (or a dict of them) from a 1.x ``optim_wrapper`` config.
+
+    Single wrapper: ``dict(type='OptimWrapper' | 'AmpOptimWrapper',
+    optimizer=dict(type='Adam', lr=...), accumulative_counts=1,
+    clip_grad=None)``, plus ``loss_scale``, ``dtype`` and ``backend`` for
+    ``AmpOptimWrapper``. ``constructor`` may be omitted,
+    ``'DefaultOptimWrapperConstructor'`` or ``'OptimWrapperConstructor'``.
+
+    One wrapper per sub-model: ``constructor='MultiOptimWrapperConstructor'``
+    and one such config per attribute name of ``model`` (``generator=dict(...),
+    discriminator=dict(...)``); each optimizer is built on
+    ``getattr(model, name).parameters()`` and the result is an
+    :class:`OptimWrapperDict`. The per-name layout is also recognised under
+    ``'OptimWrapperConstructor'`` when the config has no ``optimizer`` key.
+
+    Everything is validated before anything is built, so an error leaves the
+    model as it was. On the legacy backend each ``AmpOptimWrapper`` converts
+    its (sub-)model to half and owns its float32 master weights.
+
+    Args:
+        model: The model (DataParallel / DistributedDataParallel are unwrapped
+            to find sub-models).
+        cfg: The config; it is not changed.
+
+    Returns:
+        An :class:`OptimWrapper`, :class:`AmpOptimWrapper` or
+        :class:`OptimWrapperDict`.
+
+    Raises:
+        ValueError: For an unknown wrapper, optimizer or constructor type, an
+            unknown key, a bad argument, or a sub-model name the model lacks;
+            the message names what exists.
+
+    Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> class GAN(nn.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.generator, self.discriminator = nn.Linear(2, 2), nn.Linear(2, 1)
+        >>> wrappers = build_optim_wrapper(GAN(), dict(
+        ...     constructor='MultiOptimWrapperConstructor',
+        ...     generator=dict(type='AmpOptimWrapper', optimizer=dict(type='Adam', lr=1e-4)),
+        ...     discriminator=dict(optimizer=dict(type='SGD', lr=0.1))))
+        >>> type(wrappers['generator']).__name__, type(wrappers['discriminator']).__name__
+        ('AmpOptimWrapper', 'OptimWrapper')
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f'build_optim_wrapper() takes an nn.Module, got '
+                        f'{type(model).__name__}.')
+    if not isinstance(cfg, Mapping):
+        raise TypeError(f'build_optim_wrapper() takes a config dict, got {type(cfg).__name__}.')
+    cfg = copy.deepcopy(dict(cfg))
+    constructor = cfg.pop('constructor', None)
+    known = (None, *_SINGLE_CONSTRUCTORS, *_MULTI_CONSTRUCTORS)
+    if constructor not in known:
+        raise ValueError(f'optim_wrapper: unknown constructor {constructor!r}; expected one '
+                         f'of {list(known[1:])} (or none).')
+    per_name = constructor in _MULTI_CONSTRUCTORS or (
+        constructor == 'OptimWrapperConstructor' and 'optimizer' not in cfg and cfg
+        and all(isinstance(v, Mapping) and 'optimizer' in v for v in cfg.values()))
+    if not per_name:
+        plan = _plan(cfg, 'optim_wrapper')
+        return _make_wrapper(plan, _make_optimizer(plan, model), model)
+
+    if not cfg:
+        raise ValueError(f'optim_wrapper: constructor={constructor!r} needs one config per '
+                         'sub-model, e.g. generator=dict(optimizer=...), '
+                         'discriminator=dict(optimizer=...).')
+    base = _unwrap(model)
+    children = [name for name, _ in base.named_children()]
+    plans = []
+    for name, entry in cfg.items():
+        where = f'optim_wrapper.{name}'
+        if not isinstance(entry, Mapping):
+            raise ValueError(f'{where} must be a wrapper config dict (one per sub-model), '
+                             f'got {entry!r}.')
+        module = getattr(base, name, None) if isinstance(name, str) else None
+        if not isinstance(module, nn.Module):
+            raise ValueError(f'{where}: the model ({type(base).__name__}) has no sub-module '
+                             f'{name!r}; its sub-modules are {children}.')
+        plans.append((name, module, _plan(entry, where)))
+    optimizers = [(name, module, plan, _make_optimizer(plan, module))
+                  for name, module, plan in plans]
+    return OptimWrapperDict(**{name: _make_wrapper(plan, optimizer, module)
+                               for name, module, plan, optimizer in optimizers})

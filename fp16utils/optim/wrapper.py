@@ -1,0 +1,308 @@
+"""``OptimWrapper``: an optimizer with gradient accumulation and clipping.
+
+Example:
+    >>> import torch
+    >>> from torch import nn
+    >>> model = nn.Linear(2, 1)
+    >>> wrapper = OptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1))
+    >>> with wrapper.optim_context(model):
+    ...     loss = model(torch.ones(1, 2)).sum()
+    >>> wrapper.update_params(loss)
+    >>> wrapper.inner_count
+    1
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Dict, List, Mapping, Optional
+
+import torch
+from torch import nn
+
+from .._spec import parse_clip_grad
+from ..engine import AccumulationWindow, ResumeState, StepEngine, pending_grads
+
+__all__ = ['OptimWrapper']
+
+_Tensor = torch.Tensor
+_NULL_CONTEXT = contextlib.nullcontext()
+
+
+def _check_optimizer(optimizer: Any, owner: str) -> None:
+    if not (hasattr(optimizer, 'param_groups') and hasattr(optimizer, 'step')
+            and hasattr(optimizer, 'zero_grad')):
+        raise TypeError(
+            f'{owner} wraps a torch.optim.Optimizer, got {type(optimizer).__name__}; build '
+            'one first, e.g. torch.optim.SGD(model.parameters(), lr=0.01).')
+
+
+class OptimWrapper:
+    """An optimizer with gradient accumulation and clipping, driven by ``update_params``.
+
+    ``update_params(loss)`` divides the loss by the number of iterations being
+    accumulated, runs the backward pass, and every ``accumulative_counts``
+    calls clips the gradients, steps the optimizer and zeroes the gradients.
+    When :meth:`initialize_count_status` has set the total number of
+    iterations, the last incomplete window is divided by its own length and
+    stepped at the last iteration.
+
+    Args:
+        optimizer: The torch optimizer to drive.
+        accumulative_counts: Iterations whose gradients are summed per update.
+        clip_grad: None, ``dict(max_norm=..., norm_type=2)`` (clip by norm,
+            with torch's fused kernels where the device has them) or
+            ``dict(type='value', clip_value=...)``.
+
+    Attributes:
+        grad_norm: The total gradient norm of the last norm-clipped step, as a
+            0-dim tensor (``float()`` it to log; that costs a device sync), or None.
+
+    Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> model = nn.Linear(2, 1)
+        >>> wrapper = OptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1),
+        ...                        accumulative_counts=2, clip_grad=dict(max_norm=1.0))
+        >>> for _ in range(2):
+        ...     with wrapper.optim_context(model):
+        ...         loss = model(torch.ones(1, 2)).sum()
+        ...     wrapper.update_params(loss)
+        >>> wrapper.inner_count, wrapper.grad_norm is not None
+        (2, True)
+    """
+
+    _engine: StepEngine
+
+    def __init__(self, optimizer: torch.optim.Optimizer, accumulative_counts: int = 1,
+                 clip_grad: Optional[Mapping[str, Any]] = None) -> None:
+        owner = type(self).__name__
+        _check_optimizer(optimizer, owner)
+        self._window = AccumulationWindow(accumulative_counts, owner, 'accumulative_counts')
+        self._engine = StepEngine(parse_clip_grad(clip_grad, owner))
+        self.optimizer = optimizer
+        self._inner_count = 0
+        self._restored_count: Optional[int] = None
+
+    # -- counters ---------------------------------------------------------------------------
+
+    @property
+    def accumulative_counts(self) -> int:
+        """Iterations accumulated per update."""
+        return self._window.counts
+
+    @property
+    def inner_count(self) -> int:
+        """Backward passes so far (the iteration count, restored on resume)."""
+        return self._inner_count
+
+    @property
+    def max_counts(self) -> int:
+        """Total iterations as set by :meth:`initialize_count_status` (-1: unknown)."""
+        return self._window.max_counts
+
+    @property
+    def clip_grad(self) -> Optional[Dict[str, Any]]:
+        """The validated clipping settings (a new dict), or None."""
+        clip = self._engine.clip
+        if clip is None:
+            return None
+        kind, kwargs = clip
+        return {'type': kind, **kwargs}
+
+    @property
+    def grad_norm(self) -> Optional[_Tensor]:
+        """The total gradient norm of the last norm-clipped step (0-dim tensor), or None."""
+        return self._engine.grad_norm
+
+    @grad_norm.setter
+    def grad_norm(self, value: Optional[_Tensor]) -> None:
+        self._engine.grad_norm = value
+
+    def initialize_count_status(self, model: nn.Module, init_counts: int,
+                                max_counts: int) -> None:
+        """Set the iteration counter (on resume) and the total number of iterations.
+
+        Args:
+            model: The model being trained (checked for BatchNorm, which makes
+                accumulated small batches differ from one large batch).
+            init_counts: Iterations already done.
+            max_counts: Total iterations; the last ``max_counts %
+                accumulative_counts`` are accumulated as a shorter window.
+
+        Example:
+            >>> import torch
+            >>> w = OptimWrapper(torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=1),
+            ...                  accumulative_counts=4)
+            >>> w.initialize_count_status(torch.nn.Identity(), 0, 6)
+            >>> w.max_counts
+            6
+        """
+        restored = self._restored_count
+        self._restored_count = None
+        self._inner_count = int(init_counts)
+        if restored is not None and restored != self._inner_count:
+            for p in self._engine.grad_params(self.optimizer):
+                p.grad = None  # they belong to another iteration: drop them
+        self._window.warn_on_start(model, self._inner_count, restored == self._inner_count,
+                                   self._engine.logger,
+                                   "save the wrapper's state_dict() with the checkpoint")
+        self._window.start(max_counts)
+
+    def should_update(self) -> bool:
+        """Whether the optimizer steps after the current backward pass."""
+        return self._window.completes(self._inner_count - 1)
+
+    def should_sync(self) -> bool:
+        """Whether the next backward pass must all-reduce gradients (DDP)."""
+        return self._window.completes(self._inner_count)
+
+    # -- the step ---------------------------------------------------------------------------
+
+    def scale_loss(self, loss: _Tensor) -> _Tensor:
+        """Divide ``loss`` by the number of iterations accumulated in this window.
+
+        Example:
+            >>> import torch
+            >>> w = OptimWrapper(torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=1),
+            ...                  accumulative_counts=4)
+            >>> w.scale_loss(torch.tensor(8.)).item()
+            2.0
+        """
+        if self._window.counts == 1:
+            return loss
+        return loss / self._window.divisor(self._inner_count)
+
+    def update_params(self, loss: _Tensor, step_kwargs: Optional[Dict[str, Any]] = None,
+                      zero_kwargs: Optional[Dict[str, Any]] = None) -> None:
+        """Backward ``loss``; step and zero the gradients when the window is complete.
+
+        Args:
+            loss: The loss of this iteration (not yet divided for accumulation).
+            step_kwargs: Keyword arguments for :meth:`step`.
+            zero_kwargs: Keyword arguments for :meth:`zero_grad`.
+        """
+        self.backward(self.scale_loss(loss))
+        if self.should_update():
+            self.step(**(step_kwargs or {}))
+            self.zero_grad(**(zero_kwargs or {}))
+
+    def backward(self, loss: _Tensor, **kwargs: Any) -> None:
+        """Backward ``loss`` (scaled, where the wrapper scales) and count the iteration."""
+        self._engine.backward(loss, **kwargs)
+        self._inner_count += 1
+
+    def step(self, **kwargs: Any) -> None:
+        """Clip the gradients (if configured) and step the optimizer."""
+        self._engine.step(self.optimizer, self._inner_count, kwargs)
+
+    def zero_grad(self, **kwargs: Any) -> None:
+        """Zero the optimizer's gradients (``set_to_none`` and friends pass through)."""
+        self._engine.zero_grad(self.optimizer, **kwargs)
+
+    def optim_context(self, model: nn.Module) -> contextlib.AbstractContextManager:
+        """Context for the forward pass: no DDP gradient sync while accumulating.
+
+        Args:
+            model: The model (or the sub-model this wrapper optimizes).
+
+        Returns:
+            A context manager (``model.no_sync()`` when the next backward pass
+            only accumulates and the model has it, else a no-op).
+        """
+        if not self.should_sync() and hasattr(model, 'no_sync'):
+            return model.no_sync()
+        return _NULL_CONTEXT
+
+    # -- optimizer passthrough --------------------------------------------------------------
+
+    @property
+    def param_groups(self) -> List[Dict[str, Any]]:
+        """The optimizer's ``param_groups``."""
+        return self.optimizer.param_groups
+
+    @property
+    def defaults(self) -> Dict[str, Any]:
+        """The optimizer's ``defaults``."""
+        return self.optimizer.defaults
+
+    def get_lr(self) -> Dict[str, List[float]]:
+        """The learning rate of each param group, as ``{'lr': [...]}``.
+
+        Example:
+            >>> import torch
+            >>> OptimWrapper(torch.optim.SGD([torch.nn.Parameter(torch.ones(1))],
+            ...                              lr=0.5)).get_lr()
+            {'lr': [0.5]}
+        """
+        return {'lr': [group['lr'] for group in self.optimizer.param_groups]}
+
+    def get_momentum(self) -> Dict[str, List[float]]:
+        """The momentum of each group (``betas[0]`` for Adam-like), as ``{'momentum': [...]}``.
+
+        Example:
+            >>> import torch
+            >>> OptimWrapper(torch.optim.Adam([torch.nn.Parameter(torch.ones(1))])
+            ...              ).get_momentum()
+            {'momentum': [0.9]}
+        """
+        momentum = []
+        for group in self.optimizer.param_groups:
+            if 'momentum' in group:
+                momentum.append(group['momentum'])
+            elif 'betas' in group:
+                momentum.append(group['betas'][0])
+            else:
+                momentum.append(0)
+        return {'momentum': momentum}
+
+    # -- state ------------------------------------------------------------------------------
+
+    def _engine_state(self) -> Dict[str, Any]:
+        """What the engine adds to :meth:`state_dict` (nothing for plain float32)."""
+        return {}
+
+    def _resume_state(self, state: Dict[str, Any]) -> ResumeState:
+        """Take the engine's entries out of ``state`` (the optimizer's state remains)."""
+        return ResumeState()
+
+    def state_dict(self) -> Dict[str, Any]:
+        """The optimizer's state dict, plus ``'pending_window'`` when saved mid-window.
+
+        In the middle of an accumulation window, ``'pending_window'`` holds the
+        iteration count and a copy of the gradients accumulated so far, so a
+        resumed run continues the window exactly where it stopped.
+        """
+        state = self.optimizer.state_dict()
+        state.update(self._engine_state())
+        if self._inner_count % self._window.counts:
+            state['pending_window'] = {
+                'inner_count': self._inner_count,
+                'grads': pending_grads(self._engine.grad_params(self.optimizer), copy=True)}
+        return state
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Load a state written by :meth:`state_dict` (the argument is not changed).
+
+        Everything is checked before anything is loaded, so a state that does
+        not fit raises and leaves the wrapper as it was.
+        """
+        state = dict(state_dict)
+        pending = state.pop('pending_window', None)
+        resume = self._resume_state(state)
+        if pending is not None:
+            resume = resume._replace(pending=list(pending['grads']))
+        self._engine.resume(resume, self._inner_count, type(self).__name__,
+                            self._engine.grad_params(self.optimizer),
+                            load_optimizer=lambda: self.optimizer.load_state_dict(state),
+                            reread_masters=True)
+        if pending is None:
+            self._restored_count = None
+        else:
+            self._inner_count = self._restored_count = int(pending['inner_count'])
+
+    def __repr__(self) -> str:
+        return (f'{type(self).__name__}(optimizer={type(self.optimizer).__name__}, '
+                f'accumulative_counts={self._window.counts}, '
+                f'clip_grad={self.clip_grad})')
+

@@ -1,0 +1,153 @@
+"""``OptimWrapperDict``: one optimizer wrapper per sub-model (GANs).
+
+Example:
+    >>> import torch
+    >>> from torch import nn
+    >>> from fp16utils import OptimWrapper
+    >>> wrappers = OptimWrapperDict(gen=OptimWrapper(torch.optim.SGD(nn.Linear(1, 1)
+    ...                                                                .parameters(), lr=0.1)))
+    >>> list(wrappers)
+    ['gen']
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Dict, ItemsView, Iterator, KeysView, List, Mapping, Optional, ValuesView
+
+import torch
+from torch import nn
+
+from .wrapper import OptimWrapper
+
+__all__ = ['OptimWrapperDict']
+
+_Tensor = torch.Tensor
+
+
+class OptimWrapperDict:
+    """Several optimizer wrappers under names, for models with several optimizers (GANs).
+
+    It behaves as a read-only mapping from names to wrappers. Stepping is each
+    wrapper's business: ``update_params``, ``backward``, ``step``,
+    ``zero_grad`` and ``optim_context`` on the dict raise NotImplementedError.
+
+    Args:
+        **wrappers: One :class:`OptimWrapper` (or subclass) per name.
+
+    Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> gen, disc = nn.Linear(2, 2), nn.Linear(2, 1)
+        >>> wrappers = OptimWrapperDict(
+        ...     generator=OptimWrapper(torch.optim.Adam(gen.parameters(), lr=1e-4)),
+        ...     discriminator=OptimWrapper(torch.optim.Adam(disc.parameters(), lr=4e-4)))
+        >>> sorted(wrappers.get_lr().items())
+        [('discriminator.lr', [0.0004]), ('generator.lr', [0.0001])]
+        >>> 'generator' in wrappers, len(wrappers)
+        (True, 2)
+    """
+
+    def __init__(self, **wrappers: OptimWrapper) -> None:
+        for name, wrapper in wrappers.items():
+            if not isinstance(wrapper, OptimWrapper):
+                raise TypeError(
+                    f'OptimWrapperDict entry {name!r} must be an OptimWrapper (or '
+                    f'AmpOptimWrapper), got {type(wrapper).__name__}; wrap the optimizer '
+                    'first, e.g. OptimWrapper(optimizer).')
+        self.optim_wrappers: Dict[str, OptimWrapper] = dict(wrappers)
+
+    def _per_entry(self, what: str) -> NotImplementedError:
+        names = list(self.optim_wrappers)
+        example = names[0] if names else 'generator'
+        return NotImplementedError(
+            f'OptimWrapperDict.{what}() is ambiguous: this dict holds one wrapper per '
+            f'sub-model {names}; call it on one of them, e.g. '
+            f"optim_wrapper[{example!r}].{what}(...).")
+
+    def update_params(self, loss: _Tensor, step_kwargs: Optional[Dict[str, Any]] = None,
+                      zero_kwargs: Optional[Dict[str, Any]] = None) -> None:
+        """Not supported: call ``update_params`` on one entry."""
+        raise self._per_entry('update_params')
+
+    def backward(self, loss: _Tensor, **kwargs: Any) -> None:
+        """Not supported: call ``backward`` on one entry."""
+        raise self._per_entry('backward')
+
+    def step(self, **kwargs: Any) -> None:
+        """Not supported: call ``step`` on one entry."""
+        raise self._per_entry('step')
+
+    def zero_grad(self, **kwargs: Any) -> None:
+        """Not supported: call ``zero_grad`` on one entry."""
+        raise self._per_entry('zero_grad')
+
+    def optim_context(self, model: nn.Module) -> contextlib.AbstractContextManager:
+        """Not supported: use one entry's ``optim_context``."""
+        raise self._per_entry('optim_context')
+
+    @property
+    def param_groups(self) -> List[Dict[str, Any]]:
+        """Not supported: read ``param_groups`` of one entry."""
+        raise self._per_entry('param_groups')
+
+    def initialize_count_status(self, model: nn.Module, init_counts: int,
+                                max_counts: int) -> None:
+        """Call :meth:`OptimWrapper.initialize_count_status` on every entry."""
+        for wrapper in self.optim_wrappers.values():
+            wrapper.initialize_count_status(model, init_counts, max_counts)
+
+    def get_lr(self) -> Dict[str, List[float]]:
+        """Every entry's learning rates, keyed ``'<name>.lr'``."""
+        return {f'{name}.lr': w.get_lr()['lr'] for name, w in self.optim_wrappers.items()}
+
+    def get_momentum(self) -> Dict[str, List[float]]:
+        """Every entry's momentum, keyed ``'<name>.momentum'``."""
+        return {f'{name}.momentum': w.get_momentum()['momentum']
+                for name, w in self.optim_wrappers.items()}
+
+    def state_dict(self) -> Dict[str, Any]:
+        """``{name: wrapper.state_dict()}``."""
+        return {name: w.state_dict() for name, w in self.optim_wrappers.items()}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Load ``{name: state}``; an unknown name is a KeyError and nothing is loaded."""
+        unknown = [name for name in state_dict if name not in self.optim_wrappers]
+        if unknown:
+            raise KeyError(
+                f'OptimWrapperDict.load_state_dict() got states for {unknown}, which are not '
+                f'entries of this dict {list(self.optim_wrappers)}.')
+        for name, state in state_dict.items():
+            self.optim_wrappers[name].load_state_dict(state)
+
+    def __getitem__(self, name: str) -> OptimWrapper:
+        try:
+            return self.optim_wrappers[name]
+        except KeyError:
+            raise KeyError(f'OptimWrapperDict has no entry {name!r}; its entries are '
+                           f'{list(self.optim_wrappers)}.') from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.optim_wrappers
+
+    def __len__(self) -> int:
+        return len(self.optim_wrappers)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.optim_wrappers)
+
+    def keys(self) -> KeysView[str]:
+        """The entry names."""
+        return self.optim_wrappers.keys()
+
+    def values(self) -> ValuesView[OptimWrapper]:
+        """The wrappers."""
+        return self.optim_wrappers.values()
+
+    def items(self) -> ItemsView[str, OptimWrapper]:
+        """``(name, wrapper)`` pairs."""
+        return self.optim_wrappers.items()
+
+    def __repr__(self) -> str:
+        inner = ', '.join(f'{name}={w!r}' for name, w in self.optim_wrappers.items())
+        return f'OptimWrapperDict({inner})'
