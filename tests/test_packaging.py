@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import ast
+import importlib
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 from typing import Iterator
@@ -67,6 +70,58 @@ def test_public_api_is_all_exported_and_documented():
         if callable(obj):
             assert obj.__doc__ and obj.__doc__.strip(), name
             assert 'Example' in obj.__doc__ or '>>>' in obj.__doc__, name
+
+
+def fresh_python(code: str) -> str:
+    """Run ``code`` in a new interpreter (this checkout first on the path); its stdout."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(ROOT), *filter(None, [os.environ.get('PYTHONPATH')])]))
+    proc = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_import_fp16utils_is_lazy_and_the_api_resolves_on_access():
+    out = fresh_python(
+        'import sys, fp16utils\n'
+        'print(fp16utils.__file__)\n'
+        'print(sorted(m for m in sys.modules if "torch" in m or "numpy" in m))\n'
+        'print(set(fp16utils.__all__) <= set(dir(fp16utils)))\n'
+        'from fp16utils import scan, convert_config\n'
+        'print("torch" in sys.modules)\n'
+        'print(fp16utils.TORCH_VERSION == __import__("torch").__version__)\n')
+    path, before, listed, torch_after_migrate, version = out.splitlines()
+    assert Path(path) == ROOT / 'fp16utils' / '__init__.py'
+    assert before == '[]'
+    assert listed == 'True'
+    assert torch_after_migrate == 'False'
+    assert version == 'True'
+
+
+def test_lazy_exports_match_all_and_the_type_checking_imports():
+    exports = fp16utils._EXPORTS
+    assert set(exports) == set(fp16utils.__all__) - {'__version__'}
+    for name, module in exports.items():
+        defined = getattr(importlib.import_module(f'fp16utils.{module}'), name)
+        assert getattr(fp16utils, name) is defined, name
+        namespace: dict[str, object] = {}
+        exec(f'from fp16utils import {name} as imported', namespace)
+        assert namespace['imported'] is defined, name
+    # What type checkers see (the `if TYPE_CHECKING:` imports) is the same mapping.
+    tree = ast.parse(ROOT.joinpath('fp16utils', '__init__.py').read_text())
+    block = next(n for n in tree.body if isinstance(n, ast.If)
+                 and getattr(n.test, 'id', '') == 'TYPE_CHECKING')
+    seen = {a.name: node.module for node in block.body if isinstance(node, ast.ImportFrom)
+            for a in node.names}
+    assert seen == exports
+
+
+def test_submodules_stay_reachable_as_attributes_and_unknown_names_fail():
+    assert fp16utils.migrate is importlib.import_module('fp16utils.migrate')
+    with pytest.raises(AttributeError, match="fp16utils' has no attribute 'nope'"):
+        fp16utils.nope  # noqa: B018
+    assert not hasattr(fp16utils, 'cli_main')
 
 
 # ----------------------------------------------------------------- layering
