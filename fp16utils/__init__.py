@@ -17,25 +17,29 @@ Example:
     torch.float32
 """
 
-from ._torch import TORCH_VERSION, digit_version, has_native_amp
-from .cast import cast_tensor_type
-from .debug import NonFiniteRecord, OverflowReport, find_overflow, nonfinite_summary
-from .decorators import auto_fp16, force_fp32
-from .hooks import Fp16OptimizerHook, GradientCumulativeFp16OptimizerHook
-from .migrate import (
-    ConfigConversionError,
-    FileChange,
-    Finding,
-    MigrationWarning,
-    convert_config,
-    convert_config_report,
-    enable_amp,
-    fix_imports,
-    scan,
-)
-from .optim import AmpOptimWrapper, OptimWrapper, OptimWrapperDict, build_optim_wrapper
-from .scaler import LossScaler
-from .wrap import patch_forward_method, patch_norm_fp32, wrap_fp16_model
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports
+    from ._torch import TORCH_VERSION, digit_version, has_native_amp
+    from .cast import cast_tensor_type
+    from .debug import NonFiniteRecord, OverflowReport, find_overflow, nonfinite_summary
+    from .decorators import auto_fp16, force_fp32
+    from .hooks import Fp16OptimizerHook, GradientCumulativeFp16OptimizerHook
+    from .migrate import (
+        ConfigConversionError,
+        FileChange,
+        Finding,
+        MigrationWarning,
+        convert_config,
+        convert_config_report,
+        enable_amp,
+        fix_imports,
+        scan,
+    )
+    from .optim import AmpOptimWrapper, OptimWrapper, OptimWrapperDict, build_optim_wrapper
+    from .scaler import LossScaler
+    from .wrap import patch_forward_method, patch_norm_fp32, wrap_fp16_model
 
 __version__ = '0.1.0'
 
@@ -71,3 +75,62 @@ __all__ = [
     'scan',
     'wrap_fp16_model',
 ]
+
+#: The submodule that defines each public name; imported on first access (PEP 562), so
+#: ``import fp16utils`` and ``import fp16utils.migrate`` do not import torch.
+_EXPORTS = {
+    'TORCH_VERSION': '_torch',
+    'digit_version': '_torch',
+    'has_native_amp': '_torch',
+    'cast_tensor_type': 'cast',
+    'NonFiniteRecord': 'debug',
+    'OverflowReport': 'debug',
+    'find_overflow': 'debug',
+    'nonfinite_summary': 'debug',
+    'auto_fp16': 'decorators',
+    'force_fp32': 'decorators',
+    'Fp16OptimizerHook': 'hooks',
+    'GradientCumulativeFp16OptimizerHook': 'hooks',
+    'ConfigConversionError': 'migrate',
+    'FileChange': 'migrate',
+    'Finding': 'migrate',
+    'MigrationWarning': 'migrate',
+    'convert_config': 'migrate',
+    'convert_config_report': 'migrate',
+    'enable_amp': 'migrate',
+    'fix_imports': 'migrate',
+    'scan': 'migrate',
+    'AmpOptimWrapper': 'optim',
+    'OptimWrapper': 'optim',
+    'OptimWrapperDict': 'optim',
+    'build_optim_wrapper': 'optim',
+    'LossScaler': 'scaler',
+    'patch_forward_method': 'wrap',
+    'patch_norm_fp32': 'wrap',
+    'wrap_fp16_model': 'wrap',
+}
+#: The submodules that ``import fp16utils`` used to bind; reached by attribute too.
+_SUBMODULES = frozenset(_EXPORTS.values())
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name (or one of the submodules) on first access; PEP 562.
+
+    Example:
+        >>> import fp16utils
+        >>> fp16utils.convert_config is fp16utils.migrate.convert_config
+        True
+    """
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f'.{_EXPORTS[name]}', __name__), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f'.{name}', __name__)
+    else:
+        raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    """The module's names, the public API included before it is imported."""
+    return sorted(set(globals()) | set(__all__))

@@ -326,6 +326,43 @@ def test_scan_fix_rewrites_imports_then_is_idempotent(tmp_path):
     assert _snapshot(root) == after
 
 
+# ------------------------------------------------------ start-up without torch
+
+
+def imported_modules(*args: str) -> list[str]:
+    """The modules ``python -X importtime -m fp16utils ARGS`` imports, in order."""
+    env = dict(os.environ, PYTHONWARNINGS='error::DeprecationWarning')
+    proc = subprocess.run([sys.executable, '-X', 'importtime', '-m', 'fp16utils', *args],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert 'Traceback' not in proc.stderr, proc.stderr
+    # importtime lines: "import time: self [us] | cumulative | module", on stderr
+    names = [line.rsplit('|', 1)[1].strip() for line in proc.stderr.splitlines()
+             if line.startswith('import time:') and line.count('|') == 2]
+    assert 'fp16utils.cli' in names  # the output was read
+    return names
+
+
+@pytest.mark.parametrize('command', [
+    ('scan', '{tree}'),
+    ('scan', '{tree}', '--json'),
+    ('scan', '{tree}', '--fix', '--dry-run'),
+    ('scan', '{tree}', '--fix'),
+    ('migrate', '{cfg}'),
+    ('migrate', '{cfg}', '--amp', '--dtype', 'bfloat16'),
+])
+def test_scan_and_migrate_start_without_torch(tmp_path, command):
+    tree = tmp_path / 'code'
+    tree.mkdir()
+    write(tree / 'head.py', 'from mmcv.runner import BaseModule, force_fp32\n')
+    cfg = write(tmp_path / 'cfg.py', """\
+        optimizer = dict(type='SGD', lr=0.01)
+        fp16 = dict(loss_scale=512.)
+        """)
+    names = imported_modules(*(a.format(tree=tree, cfg=cfg) for a in command))
+    assert [n for n in names if 'torch' in n] == []
+    assert 'numpy' not in names
+
+
 # ------------------------------------------------------------------- bench
 
 

@@ -1184,3 +1184,21 @@ def test_fix_always_yields_valid_code_with_the_same_names(tmp_path_factory, case
         assert found == {'mmcv.runner': kept, 'fp16utils': moved}
     assert outside_imports(result) == outside_imports(source)
     assert not any(c.changed for c in fix_imports(path))
+
+
+# --------------------------------------------------------------- no torch
+
+
+def test_import_migrate_leaves_torch_out_of_a_fresh_interpreter():
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(root), *filter(None, [os.environ.get('PYTHONPATH')])]))
+    code = ('import sys, fp16utils.migrate as m\n'
+            'print(m.__file__)\n'
+            'print(sorted(n for n in sys.modules if "torch" in n or n.startswith("numpy")))')
+    proc = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    path, heavy = proc.stdout.splitlines()
+    assert Path(path) == root / 'fp16utils' / 'migrate' / '__init__.py'
+    assert heavy == '[]'

@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import ast
+import importlib
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
+from typing import Iterator
+
+import pytest
 
 import fp16utils
 
@@ -65,17 +72,235 @@ def test_public_api_is_all_exported_and_documented():
             assert 'Example' in obj.__doc__ or '>>>' in obj.__doc__, name
 
 
+def fresh_python(code: str) -> str:
+    """Run ``code`` in a new interpreter (this checkout first on the path); its stdout."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(ROOT), *filter(None, [os.environ.get('PYTHONPATH')])]))
+    proc = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_import_fp16utils_is_lazy_and_the_api_resolves_on_access():
+    out = fresh_python(
+        'import sys, fp16utils\n'
+        'print(fp16utils.__file__)\n'
+        'print(sorted(m for m in sys.modules if "torch" in m or "numpy" in m))\n'
+        'print(set(fp16utils.__all__) <= set(dir(fp16utils)))\n'
+        'from fp16utils import scan, convert_config\n'
+        'print("torch" in sys.modules)\n'
+        'print(fp16utils.TORCH_VERSION == __import__("torch").__version__)\n')
+    path, before, listed, torch_after_migrate, version = out.splitlines()
+    assert Path(path) == ROOT / 'fp16utils' / '__init__.py'
+    assert before == '[]'
+    assert listed == 'True'
+    assert torch_after_migrate == 'False'
+    assert version == 'True'
+
+
+def test_lazy_exports_match_all_and_the_type_checking_imports():
+    exports = fp16utils._EXPORTS
+    assert set(exports) == set(fp16utils.__all__) - {'__version__'}
+    for name, module in exports.items():
+        defined = getattr(importlib.import_module(f'fp16utils.{module}'), name)
+        assert getattr(fp16utils, name) is defined, name
+        namespace: dict[str, object] = {}
+        exec(f'from fp16utils import {name} as imported', namespace)
+        assert namespace['imported'] is defined, name
+    # What type checkers see (the `if TYPE_CHECKING:` imports) is the same mapping.
+    tree = ast.parse(ROOT.joinpath('fp16utils', '__init__.py').read_text())
+    block = next(n for n in tree.body if isinstance(n, ast.If)
+                 and getattr(n.test, 'id', '') == 'TYPE_CHECKING')
+    seen = {a.name: node.module for node in block.body if isinstance(node, ast.ImportFrom)
+            for a in node.names}
+    assert seen == exports
+
+
+def test_submodules_stay_reachable_as_attributes_and_unknown_names_fail():
+    assert fp16utils.migrate is importlib.import_module('fp16utils.migrate')
+    with pytest.raises(AttributeError, match="fp16utils' has no attribute 'nope'"):
+        fp16utils.nope  # noqa: B018
+    assert not hasattr(fp16utils, 'cli_main')
+
+
+# ----------------------------------------------------------------- layering
+
+#: The layers of the package, lowest first. A module may import from a lower layer and
+#: from inside itself (every module of a package such as ``optim/`` or ``migrate/``
+#: counts as that package), never from its own layer or a higher one. Not on disk yet
+#: is fine (engine, _spec, the integrations); on disk but not here fails the test.
+LAYERS: list[set[str]] = [
+    {'_torch', '_spec'},
+    {'cast'},
+    {'decorators', 'wrap'},
+    {'scaler'},
+    {'engine'},
+    {'optim'},
+    {'hooks'},
+    {'mmcv', 'mmengine'},
+    {'debug', 'migrate'},
+    {'demo'},
+    {'cli'},
+    {'__main__'},
+]
+RANK = {name: i for i, layer in enumerate(LAYERS) for name in layer}
+#: Names a module may take from the package's ``__init__`` (defined there, importing
+#: nothing); anything else comes from the module that defines it.
+PACKAGE_NAMES = {'__version__'}
+
+
+def package_modules(package: Path) -> dict[str, Path]:
+    """Every module of ``package`` on disk, subpackages included: dotted name -> file."""
+    modules = {}
+    for path in sorted(package.rglob('*.py')):
+        parts = path.relative_to(package.parent).with_suffix('').parts
+        modules['.'.join(parts[:-1] if parts[-1] == '__init__' else parts)] = path
+    return modules
+
+
+def imports_of(name: str, path: Path) -> Iterator[tuple[int, str, str]]:
+    """(line, module, imported name or '') for everything a module imports, in any form.
+
+    ``import a.b`` gives ``('a.b', '')``, ``from a import b`` gives ``('a', 'b')``;
+    relative imports are resolved against the module's package. Imports inside
+    functions, classes and ``if TYPE_CHECKING:`` blocks count too.
+    """
+    package = name if path.name == '__init__.py' else name.rpartition('.')[0]
+    for node in ast.walk(ast.parse(path.read_text(encoding='utf-8'), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name, ''
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ''
+            if node.level:
+                parts = package.split('.')
+                assert node.level <= len(parts), f'{path}:{node.lineno}: import beyond the top'
+                base = '.'.join([*parts[: len(parts) - node.level + 1], *filter(None, [base])])
+            for alias in node.names:
+                yield node.lineno, base, '' if alias.name == '*' else alias.name
+
+
+def is_stdlib(module: str) -> bool:
+    top = module.partition('.')[0]
+    return top in sys.stdlib_module_names or top == '__future__'
+
+
+def stdlib_only(name: str, path: Path) -> bool:
+    return all(is_stdlib(module) for _, module, _ in imports_of(name, path))
+
+
+def layering_errors(package: Path) -> list[str]:
+    """Every import inside ``package`` that breaks the layering, one line each."""
+    top = package.name
+    modules = package_modules(package)
+    spec = modules.get(f'{top}._spec')
+    spec_ok = spec is not None and stdlib_only(f'{top}._spec', spec)
+    migrate_may_import = {'migrate', '_spec'} if spec_ok else {'migrate'}
+    on_disk = {m.split('.')[1] for m in modules if m != top}
+    errors = []
+    for name, path in modules.items():
+        if name == top:
+            continue  # __init__ re-exports everything
+        layer = name.split('.')[1]
+        where = path.relative_to(package.parent)
+        if layer not in RANK:
+            errors.append(f'{where}: module {layer!r} has no layer: give it a rank in LAYERS')
+            continue
+        for line, module, imported in imports_of(name, path):
+            if module.partition('.')[0] != top:
+                continue
+            at = f'{where}:{line}: {module}' + (f' ({imported})' if imported else '')
+            if module == top:  # import fp16utils / from fp16utils import x / from . import x
+                if imported in RANK or imported in on_disk:
+                    target_layer = imported
+                elif imported in PACKAGE_NAMES:
+                    continue
+                else:
+                    errors.append(f'{at}: import it from the module that defines it, not '
+                                  f'from the package (only {sorted(PACKAGE_NAMES)} come from '
+                                  'there)')
+                    continue
+            else:
+                target_layer = module.split('.')[1]
+            if target_layer == layer:
+                continue
+            if target_layer not in RANK:
+                errors.append(f'{at}: module {target_layer!r} has no layer: give it a rank')
+            elif target_layer == 'cli' and layer != '__main__':
+                errors.append(f'{at}: nothing imports cli (only __main__ runs it)')
+            elif layer == 'migrate' and target_layer not in migrate_may_import:
+                errors.append(f'{at}: migrate imports the standard library and itself only')
+            elif RANK[target_layer] >= RANK[layer]:
+                errors.append(f'{at}: imports upward ({layer} is not above {target_layer})')
+    return errors
+
+
 def test_modules_import_only_downward():
-    """_torch <- cast <- decorators/wrap <- scaler <- optim <- hooks <- migrate/debug <- cli."""
-    order = ['_torch', 'cast', 'decorators', 'wrap', 'scaler', 'optim', 'hooks', 'migrate',
-             'debug', 'demo', 'cli']
-    rank = {name: i for i, name in enumerate(order)}
-    rank.update(decorators=2, wrap=2, migrate=7, debug=7)
-    for name in order:
-        tree = ast.parse(ROOT.joinpath('fp16utils', f'{name}.py').read_text())
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.level == 1:
-                target = (node.module or '').split('.')[0]
-                if target and target in rank:
-                    assert rank[target] < rank[name] or target == name, (name, target)
-                    assert target != 'cli', name
+    """_torch/_spec <- cast <- decorators/wrap <- scaler <- engine <- optim <- hooks
+    <- mmcv/mmengine <- debug/migrate <- demo <- cli <- __main__."""
+    errors = layering_errors(ROOT / 'fp16utils')
+    assert not errors, '\n'.join(errors)
+
+
+def make_package(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        root.joinpath('fp16utils', name).parent.mkdir(parents=True, exist_ok=True)
+        root.joinpath('fp16utils', name).write_text(text)
+    return root / 'fp16utils'
+
+
+@pytest.mark.parametrize('files, needle', [
+    ({'cast.py': 'import fp16utils.scaler'}, 'cast.py:1: fp16utils.scaler: imports upward'),
+    ({'cast.py': 'from fp16utils.wrap import x'}, 'cast.py:1: fp16utils.wrap (x): imports upward'),
+    ({'cast.py': 'def f():\n    from .scaler import y'}, 'cast.py:2: fp16utils.scaler (y)'),
+    ({'cast.py': 'from . import hooks'}, 'cast.py:1: fp16utils (hooks): imports upward'),
+    ({'decorators.py': 'from .wrap import z'}, 'decorators.py:1: fp16utils.wrap (z): imports up'),
+    ({'optim/__init__.py': '', 'optim/step.py': 'from ..hooks import H'},
+     'optim/step.py:1: fp16utils.hooks (H): imports up'),
+    ({'migrate/__init__.py': '', 'migrate/a.py': 'from .. import _torch'},
+     'migrate/a.py:1: fp16utils (_torch): migrate imports the standard'),
+    ({'migrate/__init__.py': 'from .._spec import parse', '_spec.py': 'import torch'},
+     'migrate/__init__.py:1: fp16utils._spec (parse): migrate imports the standard library'),
+    ({'debug.py': 'from .cli import main'}, 'nothing imports cli'),
+    ({'hooks.py': 'from . import auto_fp16'}, 'import it from the module that defines it'),
+    ({'hooks.py': 'import fp16utils'}, 'import it from the module that defines it'),
+    ({'shiny.py': ''}, "module 'shiny' has no layer: give it a rank"),
+    ({'extras/__init__.py': ''}, "module 'extras' has no layer"),
+    ({'hooks.py': 'from .shiny import x'}, "module 'shiny' has no layer"),
+])
+def test_layering_check_catches(tmp_path, files, needle):
+    package = make_package(tmp_path, {'__init__.py': 'from .hooks import *', 'hooks.py': '',
+                                      'scaler.py': '', 'wrap.py': '', **files})
+    errors = layering_errors(package)
+    assert any(needle in e for e in errors), errors
+
+
+def test_layering_check_allows_downward_and_internal_imports(tmp_path):
+    package = make_package(tmp_path, {
+        '__init__.py': 'from .cli import main\nfrom .hooks import H',
+        '__main__.py': 'from .cli import main',
+        'cli.py': 'from . import __version__, _torch\ndef f():\n    from .migrate import scan',
+        'hooks.py': 'import fp16utils.optim.step\nfrom .engine import Engine',
+        'optim/__init__.py': 'from .step import S\nfrom . import step',
+        'optim/step.py': 'from ..scaler import L\nfrom fp16utils.optim import other',
+        'migrate/__init__.py': 'from .scan import scan\nimport os, ast',
+        'migrate/scan.py': 'from ._source import x\nfrom .._spec import parse',
+        '_spec.py': 'import math',
+    })
+    assert layering_errors(package) == []
+
+
+def test_migrate_imports_the_standard_library_and_itself_only():
+    modules = package_modules(ROOT / 'fp16utils')
+    spec = modules.get('fp16utils._spec')
+    allowed = ('fp16utils.migrate',) + (('fp16utils._spec',)
+                                        if spec and stdlib_only('fp16utils._spec', spec)
+                                        else ())
+    found = [(name, line, module, imported)
+             for name, path in modules.items() if name.startswith('fp16utils.migrate')
+             for line, module, imported in imports_of(name, path)
+             if not is_stdlib(module)
+             and not any(f'{module}.{imported}'.startswith(f'{a}.') for a in allowed)]
+    assert len([n for n in modules if n.startswith('fp16utils.migrate')]) > 1
+    assert found == []

@@ -1,0 +1,222 @@
+"""What the scanner and the import fixer share: finding, reading and parsing source files.
+
+The 0.x names and packages they look for, the walk over a source tree, and a file's
+text kept exactly as written (encoding, line endings) with the ast positions mapped
+onto it. Standard library only.
+
+Example:
+    >>> is_fp16_module('mmcv.runner.fp16_utils'), is_fp16_module('mmcv.runner')
+    (True, False)
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import os
+import tokenize
+from dataclasses import dataclass
+from typing import Iterator, Optional
+
+#: Top-level packages of the 0.x OpenMMLab codebases.
+MM_PACKAGES = frozenset(
+    {
+        'mmaction',
+        'mmcls',
+        'mmcv',
+        'mmdet',
+        'mmdet3d',
+        'mmedit',
+        'mmfewshot',
+        'mmflow',
+        'mmgen',
+        'mmhuman3d',
+        'mmocr',
+        'mmpose',
+        'mmrazor',
+        'mmrotate',
+        'mmseg',
+        'mmselfsup',
+        'mmtrack',
+    }
+)
+
+#: The 0.x fp16 names that fp16utils provides with the same behaviour.
+FP16_NAMES = frozenset(
+    {
+        'auto_fp16',
+        'force_fp32',
+        'wrap_fp16_model',
+        'LossScaler',
+        'Fp16OptimizerHook',
+        'GradientCumulativeFp16OptimizerHook',
+        'cast_tensor_type',
+        'patch_norm_fp32',
+        'patch_forward_method',
+    }
+)
+#: The last part of the name of an mm* module that holds the fp16 names.
+FP16_MODULE_LEAVES = frozenset({'fp16_utils', 'fp16'})
+_VENV_DIR_NAMES = frozenset({'venv', 'virtualenv', 'site-packages', 'node_modules'})
+
+
+def is_mm_module(module: Optional[str]) -> bool:
+    """Whether ``module`` belongs to one of the 0.x OpenMMLab packages.
+
+    Example:
+        >>> is_mm_module('mmdet.core'), is_mm_module('torch.nn'), is_mm_module(None)
+        (True, False, False)
+    """
+    return bool(module) and module.split('.')[0] in MM_PACKAGES  # type: ignore[union-attr]
+
+
+def is_fp16_module(module: str) -> bool:
+    """Whether ``module`` is an mm* module that holds the 0.x fp16 names."""
+    return is_mm_module(module) and module.split('.')[-1] in FP16_MODULE_LEAVES
+
+
+def alias_text(alias: ast.alias) -> str:
+    """An imported name as written: ``name`` or ``name as other``.
+
+    Example:
+        >>> alias_text(ast.parse('from m import a as b').body[0].names[0])
+        'a as b'
+    """
+    return alias.name if alias.asname is None else f'{alias.name} as {alias.asname}'
+
+
+def iter_python_files(path: str) -> Iterator[str]:
+    """The .py files under ``path`` (or ``path`` itself), sorted, skipping noise dirs.
+
+    Hidden folders, ``__pycache__`` and virtual environments are skipped.
+
+    Raises:
+        FileNotFoundError: ``path`` is neither a file nor a directory.
+
+    Example:
+        >>> import pathlib, tempfile
+        >>> d = pathlib.Path(tempfile.mkdtemp())
+        >>> for name in ('b.py', 'a.py', '.hidden/c.py', 'notes.txt'):
+        ...     (d / name).parent.mkdir(exist_ok=True)
+        ...     _ = (d / name).write_text('')
+        >>> [os.path.relpath(p, d) for p in iter_python_files(str(d))]
+        ['a.py', 'b.py']
+    """
+    if os.path.isfile(path):
+        yield path
+        return
+    if not os.path.isdir(path):
+        raise FileNotFoundError(
+            f'{path!r} is neither a file nor a directory; pass a .py file or a source folder'
+        )
+    for root, dirs, files in os.walk(path):
+        dirs[:] = sorted(
+            d
+            for d in dirs
+            if not d.startswith('.')
+            and d != '__pycache__'
+            and d not in _VENV_DIR_NAMES
+            and not os.path.exists(os.path.join(root, d, 'pyvenv.cfg'))
+        )
+        for name in sorted(files):
+            if name.endswith('.py'):
+                yield os.path.join(root, name)
+
+
+class Source:
+    """A Python file's text, decoded as Python would, with its encoding and lines.
+
+    Example:
+        >>> import pathlib, tempfile
+        >>> f = pathlib.Path(tempfile.mkdtemp()) / 'm.py'
+        >>> _ = f.write_bytes('s = "é"; x = 1\\r\\n'.encode())
+        >>> src = Source(str(f))
+        >>> src.encoding, src.lines, src.char_col(1, 12)
+        ('utf-8', ['s = "é"; x = 1\\r\\n'], 11)
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        with open(path, 'rb') as fh:
+            self.raw = fh.read()
+        self.encoding, _ = tokenize.detect_encoding(io.BytesIO(self.raw).readline)
+        self.text = self.raw.decode(self.encoding)
+        # Universal newlines, as the tokenizer sees them, but keep each line's ending.
+        self.lines = io.StringIO(self.text, newline='').readlines()
+        self.starts = [0]
+        for line in self.lines:
+            self.starts.append(self.starts[-1] + len(line))
+
+    def char_col(self, lineno: int, byte_col: int) -> int:
+        """0-based character column of an ast (UTF-8 byte) column."""
+        line = self.lines[lineno - 1] if lineno - 1 < len(self.lines) else ''
+        return len(line.encode('utf-8')[:byte_col].decode('utf-8', errors='replace'))
+
+    def offset(self, lineno: int, byte_col: int) -> int:
+        """Index into ``text`` of an ast position."""
+        return self.starts[lineno - 1] + self.char_col(lineno, byte_col)
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """Why a file was skipped: it does not decode or does not parse.
+
+    Attributes:
+        line: 1-based line of the problem (1 when the file does not decode).
+        col: 1-based column.
+        message: what went wrong.
+        suggestion: what to do about it.
+    """
+
+    line: int
+    col: int
+    message: str
+    suggestion: str
+
+
+def load_source(
+    path: str,
+) -> tuple[Optional[Source], Optional[ast.Module], Optional[Unreadable]]:
+    """Read and parse a file: ``(source, tree, None)``, or why it cannot be read.
+
+    A file that does not decode gives ``(None, None, why)``; one that decodes but
+    does not parse gives ``(source, None, why)``.
+
+    Example:
+        >>> import pathlib, tempfile
+        >>> f = pathlib.Path(tempfile.mkdtemp()) / 'bad.py'
+        >>> _ = f.write_text('def f(:' + chr(10))
+        >>> src, tree, why = load_source(str(f))
+        >>> tree is None, why.line, why.message.startswith('cannot parse the file')
+        (True, 1, True)
+    """
+    try:
+        src = Source(path)
+    except (UnicodeDecodeError, SyntaxError, LookupError) as exc:
+        return (
+            None,
+            None,
+            Unreadable(
+                1,
+                1,
+                f'cannot decode the file: {exc}',
+                'fix the file encoding (or its coding: line); the file was skipped',
+            ),
+        )
+    try:
+        tree = ast.parse(src.text, filename=path)
+    except (SyntaxError, ValueError) as exc:
+        line = getattr(exc, 'lineno', None) or 1
+        col = getattr(exc, 'offset', None) or 1
+        msg = getattr(exc, 'msg', None) or str(exc)
+        return (
+            src,
+            None,
+            Unreadable(
+                line,
+                col,
+                f'cannot parse the file: {msg}',
+                'fix the syntax error and scan again; the file was skipped',
+            ),
+        )
+    return src, tree, None
