@@ -23,7 +23,8 @@ __all__ = [
     'GRAD_SCALER_ARGS', 'GRAD_SCALER_STATE_KEYS', 'LOSS_SCALER_ARGS', 'MIN_LOSS_SCALE',
     'MMCV_DYNAMIC', 'MMCV_STATE_KEYS', 'NONFINITE_POLICIES', 'SCALE_HISTORY_LEN',
     'ScaleSpec', 'TORCH_DYNAMIC', 'check_nonfinite_policy', 'check_positive_int',
-    'check_state_keys', 'grad_scaler_to_mmcv_state', 'is_number', 'mmcv_to_grad_scaler_state',
+    'check_state_keys', 'grad_scaler_to_mmcv_state', 'is_number', 'is_positive_int',
+    'mmcv_to_grad_scaler_state',
     'nonfinite_error', 'parse_clip_grad', 'parse_loss_scale', 'positive_finite',
 ]
 
@@ -56,6 +57,16 @@ def positive_finite(value: Any) -> bool:
     return is_number(value) and math.isfinite(value) and value > 0
 
 
+def is_positive_int(value: Any) -> bool:
+    """Whether ``value`` is an int >= 1 (a bool is not).
+
+    Example:
+        >>> is_positive_int(3), is_positive_int(0), is_positive_int(True)
+        (True, False, False)
+    """
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
 def check_positive_int(value: Any, owner: str, name: str) -> int:
     """Return ``value`` when it is an int >= 1, else raise a ValueError naming it.
 
@@ -63,7 +74,7 @@ def check_positive_int(value: Any, owner: str, name: str) -> int:
         >>> check_positive_int(4, 'OptimWrapper', 'accumulative_counts')
         4
     """
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if not is_positive_int(value):
         raise ValueError(f'{owner}: {name} must be an int >= 1, got {value!r}.')
     return value
 
@@ -148,7 +159,7 @@ def parse_loss_scale(loss_scale: Any, owner: str,
         raise ValueError(f'{usage}; enabled must be True or False, got {enabled!r}.')
     factors_ok = (positive_finite(growth) and growth > 1 and positive_finite(backoff)
                   and backoff < 1)
-    interval_ok = isinstance(interval, int) and not isinstance(interval, bool) and interval >= 1
+    interval_ok = is_positive_int(interval)
     if static:
         # Growth and backoff never happen; keep valid values for GradScaler.
         if not factors_ok:

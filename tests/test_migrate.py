@@ -1202,3 +1202,21 @@ def test_import_migrate_leaves_torch_out_of_a_fresh_interpreter():
     path, heavy = proc.stdout.splitlines()
     assert Path(path) == root / 'fp16utils' / 'migrate' / '__init__.py'
     assert heavy == '[]'
+
+
+@pytest.mark.parametrize('loss_scale, needle', [
+    (dict(mode='dynamic', scale_window=0), 'growth_interval (scale_window) must be an int >= 1'),
+    (dict(init_scale=float('inf')), 'init_scale must be a finite number > 0'),
+    (dict(growth_factor=2.0, backoff_factor=2.0), 'backoff_factor'),
+])
+def test_a_loss_scale_the_wrappers_would_refuse_is_reported_by_the_conversion(loss_scale, needle):
+    """The conversion reads loss_scale as the wrappers do, so it cannot pass a bad one."""
+    _, problems = convert_config_report(dict(
+        optimizer=dict(type='SGD', lr=0.1), fp16=dict(loss_scale=loss_scale)))
+    assert len(problems) == 1 and needle in problems[0], problems
+    import torch
+
+    from fp16utils.optim import build_optim_wrapper
+    with pytest.raises(ValueError, match='loss_scale'):
+        build_optim_wrapper(torch.nn.Linear(1, 1), dict(
+            type='AmpOptimWrapper', optimizer=dict(type='SGD', lr=0.1), loss_scale=loss_scale))

@@ -14,9 +14,10 @@ Example:
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Mapping
 from typing import Any, Optional
+
+from .._spec import GRAD_SCALER_ARGS, is_number, is_positive_int, parse_loss_scale, positive_finite
 
 __all__ = ['ConfigConverter', 'wrapper_entries', 'wrapper_layout']
 
@@ -43,18 +44,7 @@ _MMCV_DEFAULT_LOSS_SCALE = 512.0
 #: mmcv ``LossScaler``'s default ``init_scale``.
 _MMCV_DEFAULT_INIT_SCALE = float(2**32)
 
-_GRAD_SCALER_ARGS = frozenset(
-    {'init_scale', 'growth_factor', 'backoff_factor', 'growth_interval', 'enabled'}
-)
 _GAN_STEP_KEYS = ('disc_steps', 'gen_steps', 'batch_accumulation_steps')
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _is_positive_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def _convert_loss_scale(value: Any, where: str, problems: list[str]) -> Any:
@@ -65,8 +55,8 @@ def _convert_loss_scale(value: Any, where: str, problems: list[str]) -> Any:
             return 'dynamic'
         problems.append(f'{where}: {value!r} is not understood; {expected}; kept as is, fix it')
         return value
-    if _is_number(value):
-        if not (math.isfinite(value) and value > 0):
+    if is_number(value):
+        if not positive_finite(value):
             problems.append(f'{where}: {value!r} is not a usable scale; {expected}; kept as is')
             return value
         return float(value)
@@ -76,6 +66,7 @@ def _convert_loss_scale(value: Any, where: str, problems: list[str]) -> Any:
         )
         return value
 
+    problems_before = len(problems)
     args = dict(value)
     mode = args.pop('mode', 'dynamic')
     if mode == 'static':
@@ -92,7 +83,7 @@ def _convert_loss_scale(value: Any, where: str, problems: list[str]) -> Any:
                 "a smaller loss_scale (e.g. 512.) or use 'dynamic'"
             )
         init = args.get('init_scale', _MMCV_DEFAULT_INIT_SCALE)
-        if not (_is_number(init) and math.isfinite(init) and init > 0):
+        if not positive_finite(init):
             problems.append(f'{where}.init_scale: {init!r} is not a positive number; kept as is')
             return init
         return float(init)
@@ -113,7 +104,7 @@ def _convert_loss_scale(value: Any, where: str, problems: list[str]) -> Any:
                     'scale_factor dropped; keep only one spelling'
                 )
                 continue
-            if not (_is_number(val) and val > 1):
+            if not (is_number(val) and val > 1):
                 problems.append(
                     f'{where}.scale_factor: {val!r} is not a number > 1; kept as is, fix it'
                 )
@@ -129,7 +120,7 @@ def _convert_loss_scale(value: Any, where: str, problems: list[str]) -> Any:
                 )
                 continue
             out['growth_interval'] = val
-        elif key in _GRAD_SCALER_ARGS:
+        elif key in GRAD_SCALER_ARGS:
             out[key] = val
         else:
             problems.append(
@@ -137,8 +128,13 @@ def _convert_loss_scale(value: Any, where: str, problems: list[str]) -> Any:
                 'kept as is, remove or rename it'
             )
             out[key] = val
+    if len(problems) == problems_before:  # what the wrappers will say of it, said now
+        try:
+            parse_loss_scale(out, where)
+        except ValueError as err:
+            problems.append(f'{err} Kept as is, fix it'.rstrip('.'))
     # Keep the documented order: init_scale, growth_factor, backoff_factor, ...
-    order = ['init_scale', 'growth_factor', 'backoff_factor', 'growth_interval', 'enabled']
+    order = list(GRAD_SCALER_ARGS)
     return {k: out[k] for k in sorted(out, key=lambda k: order.index(k) if k in order else 99)}
 
 
@@ -268,7 +264,7 @@ class ConfigConverter:
                     )
                     leftover[key] = val
             elif key == 'cumulative_iters' and hook_type in _CUMULATIVE_HOOKS:
-                if _is_positive_int(val):
+                if is_positive_int(val):
                     if val > 1:
                         found['accumulative_counts'] = val
                 else:
@@ -322,7 +318,7 @@ class ConfigConverter:
         if not isinstance(train_cfg, Mapping) or not any(k in train_cfg for k in _GAN_STEP_KEYS):
             return
         values = {k: train_cfg.get(k, 1) for k in _GAN_STEP_KEYS}
-        bad = [k for k, v in values.items() if not _is_positive_int(v)]
+        bad = [k for k, v in values.items() if not is_positive_int(v)]
         if bad:
             self.problem(
                 f'train_cfg: {", ".join(f"{k}={values[k]!r}" for k in bad)} must be ints >= 1; '
