@@ -243,6 +243,28 @@ def test_modules_import_only_downward():
     assert not errors, '\n'.join(errors)
 
 
+def test_training_styles_use_no_private_name_of_a_lower_module():
+    """The wrappers and the hooks are thin users of the engine's public API.
+
+    They may take module objects (``from .. import _torch``) and the names of the
+    shared ``_spec`` module, but no ``_private`` name from any module outside
+    their own package.
+    """
+    package = ROOT / 'fp16utils'
+    errors = []
+    for name, path in package_modules(package).items():
+        layer = name.split('.')[1] if '.' in name else ''
+        if layer not in ('optim', 'hooks', 'engine'):
+            continue
+        for line, module, imported in imports_of(name, path):
+            parts = module.split('.')
+            if parts[0] != 'fp16utils' or len(parts) < 2 or parts[1] == layer:
+                continue
+            if imported.startswith('_') and parts[1] != '_spec':
+                errors.append(f'{path.relative_to(ROOT)}:{line}: {module}.{imported}')
+    assert not errors, '\n'.join(errors)
+
+
 def make_package(root: Path, files: dict[str, str]) -> Path:
     for name, text in files.items():
         root.joinpath('fp16utils', name).parent.mkdir(parents=True, exist_ok=True)
