@@ -4,6 +4,16 @@ Every case runs in this one process, interleaved over several repeats, and the
 median is reported. Ratios compare each fp16utils call with the hand-written
 PyTorch code that does the same work.
 
+The two headline ratios (printed last):
+
+- ``LossScaler.has_overflow(params)`` against the bare fused kernel and its one
+  ``.item()``: ``torch._amp_foreach_non_finite_check_and_unscale_(grads,
+  found_inf, inv_scale); found_inf.item()`` on the same gradients, with the list
+  and the two flag tensors built once, outside the timing;
+- ``auto_fp16`` (enabled) called as a bound method with two tensor arguments
+  against the same body written by hand: ``with torch.autocast(device_type=
+  x.device.type, dtype=torch.float16): return body(self, x.half(), y.half())``.
+
 Run:
     python benchmarks/decorators.py            # full run
     python benchmarks/decorators.py --quick    # a few seconds
@@ -43,6 +53,28 @@ class Force(nn.Module):
     @force_fp32()
     def forward(self, x, y):
         return x
+
+
+def _body(self, x, y):
+    return x
+
+
+class AutoMethod(nn.Module):
+    """A decorated method, called directly (no nn.Module.__call__)."""
+
+    fp16_enabled = False
+
+    @auto_fp16()
+    def head(self, x, y):
+        return _body(self, x, y)
+
+
+class HandMethod(nn.Module):
+    """What auto_fp16 replaces, in a bound method: the same body, by hand."""
+
+    def head(self, x, y):
+        with torch.autocast(device_type=x.device.type, dtype=torch.float16):
+            return _body(self, x.half(), y.half())
 
 
 class HandAuto(nn.Module):
@@ -101,12 +133,32 @@ class PerCallAuto(nn.Module):
 
 
 def hand_overflow(params: list[nn.Parameter], device: torch.device) -> bool:
-    """The fused kernel over the parameters' gradients, one sync."""
+    """By hand, from the parameters: collect the gradients, make the flags, one sync."""
     grads = [p.grad for p in params if p.grad is not None]
     found = torch.zeros(1, device=device)
     inv = torch.ones(1, device=device)
     torch._amp_foreach_non_finite_check_and_unscale_(grads, found, inv)
     return bool(found.item())
+
+
+def collect_then_bare(params: list[nn.Parameter], bare: Callable[[], float]) -> float:
+    """The floor for any check from parameters: read every ``.grad``, then the bare kernel."""
+    grads = [g for p in params if (g := p.grad) is not None]  # noqa: F841 (the cost)
+    return bare()
+
+
+def bare_fused_kernel(grads: list[torch.Tensor], device: torch.device
+                      ) -> Callable[[], float]:
+    """The bare fused kernel and its one ``.item()``; list and flags made once, here."""
+    found = torch.zeros(1, device=device)
+    inv = torch.ones(1, device=device)
+    kernel = torch._amp_foreach_non_finite_check_and_unscale_
+
+    def check() -> float:
+        kernel(grads, found, inv)
+        return found.item()
+
+    return check
 
 
 def mmcv_style_overflow(params: list[nn.Parameter]) -> bool:
@@ -124,7 +176,15 @@ def measure(fn: Callable[[], object], number: int, repeats: int) -> list[float]:
     return [t / number for t in timeit.repeat(fn, number=number, repeat=repeats)]
 
 
-def run(device: str, number: int, repeats: int, n_params: int) -> list[tuple[str, float, str]]:
+OVERFLOW = 'LossScaler.has_overflow'
+BARE = 'bare fused kernel + one .item()'
+METHOD = 'auto_fp16 enabled, bound method, two tensor args'
+FLOOR = 'floor: read every p.grad, then the bare kernel + .item()'
+HAND_METHOD = 'hand-written bound method: autocast + .half()'
+
+
+def run(device: str, number: int, repeats: int, n_params: int, numel: int
+        ) -> tuple[list[tuple[str, float, str]], dict[str, float]]:
     dev = torch.device(device)
     dt = dev.type
     x = torch.randn(8, 16, device=dev)
@@ -135,12 +195,12 @@ def run(device: str, number: int, repeats: int, n_params: int) -> list[tuple[str
     force = wrap_fp16_model(Force())
     hand_auto, hand_force = HandAuto(), HandForce()
     per_call = PerCallAuto()
-    sizes = [(64, 64), (64,), (128, 64, 3, 3), (128,)]
-    params = [nn.Parameter(torch.randn(*sizes[i % len(sizes)], device=dev))
-              for i in range(n_params)]
+    method, hand_method = wrap_fp16_model(AutoMethod()), HandMethod()
+    params = [nn.Parameter(torch.randn(numel, device=dev)) for _ in range(n_params)]
     for p in params:
         p.grad = torch.randn_like(p)
     scaler = LossScaler()
+    bare = bare_fused_kernel([p.grad for p in params], dev)
 
     def sync() -> None:
         if dt == 'cuda':
@@ -152,33 +212,41 @@ def run(device: str, number: int, repeats: int, n_params: int) -> list[tuple[str
         'auto_fp16 enabled': lambda: (on(x, y), sync()),
         'hand-written autocast + .half()': lambda: (hand_auto(x, y), sync()),
         '0.x-style auto_fp16 (signature per call)': lambda: (per_call(x, y), sync()),
+        METHOD: lambda: (method.head(x, y), sync()),
+        HAND_METHOD: lambda: (hand_method.head(x, y), sync()),
         'force_fp32 enabled': lambda: (force(xh, yh), sync()),
         'hand-written autocast off + .float()': lambda: (hand_force(xh, yh), sync()),
-        f'LossScaler.has_overflow ({n_params} params)': lambda: scaler.has_overflow(params),
-        f'fused kernel over grads ({n_params} params)': lambda: hand_overflow(params, dev),
-        f'mmcv-style per-parameter check ({n_params} params)':
-            lambda: mmcv_style_overflow(params),
+        OVERFLOW: lambda: scaler.has_overflow(params),
+        BARE: bare,
+        FLOOR: lambda: collect_then_bare(params, bare),
+        'by hand: collect grads, make flags, kernel, .item()':
+            lambda: hand_overflow(params, dev),
+        'mmcv-style per-parameter check': lambda: mmcv_style_overflow(params),
     }
+    heavy = {OVERFLOW, BARE, FLOOR, 'by hand: collect grads, make flags, kernel, .item()',
+             'mmcv-style per-parameter check'}
     samples: dict[str, list[float]] = {k: [] for k in cases}
     for fn in cases.values():  # warm up
         measure(fn, max(1, number // 10), 1)
     for _ in range(repeats):  # interleave the cases so drift hits all alike
         for name, fn in cases.items():
-            heavy = 'param' in name
-            samples[name] += measure(fn, max(1, number // 50) if heavy else number, 1)
+            samples[name] += measure(fn, max(1, number // 20) if name in heavy else number, 1)
     med = {k: statistics.median(v) for k, v in samples.items()}
-    over = f'fused kernel over grads ({n_params} params)'
     refs = {
         'plain forward': None,
         'auto_fp16 disabled': 'plain forward',
         'auto_fp16 enabled': 'hand-written autocast + .half()',
         'hand-written autocast + .half()': None,
         '0.x-style auto_fp16 (signature per call)': 'hand-written autocast + .half()',
+        METHOD: HAND_METHOD,
+        HAND_METHOD: None,
         'force_fp32 enabled': 'hand-written autocast off + .float()',
         'hand-written autocast off + .float()': None,
-        f'LossScaler.has_overflow ({n_params} params)': over,
-        over: None,
-        f'mmcv-style per-parameter check ({n_params} params)': over,
+        OVERFLOW: BARE,
+        BARE: None,
+        FLOOR: BARE,
+        'by hand: collect grads, make flags, kernel, .item()': BARE,
+        'mmcv-style per-parameter check': BARE,
     }
     rows = []
     for name, ref in refs.items():
@@ -189,7 +257,10 @@ def run(device: str, number: int, repeats: int, n_params: int) -> list[tuple[str
             rows.append((name, med[name], f'+{(med[name] - med[ref]) * 1e6:.2f} us vs plain'))
         else:
             rows.append((name, med[name], f'{med[name] / med[ref]:.2f}x'))
-    return rows
+    headline = {'has_overflow': med[OVERFLOW] / med[BARE],
+                'has_overflow vs floor': med[OVERFLOW] / med[FLOOR],
+                'auto_fp16 bound method': med[METHOD] / med[HAND_METHOD]}
+    return rows, headline
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -197,20 +268,29 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     parser.add_argument('--number', type=int, default=20000, help='calls per sample')
     parser.add_argument('--repeats', type=int, default=7)
-    parser.add_argument('--params', type=int, default=160)
+    parser.add_argument('--params', type=int, default=160, help='parameters checked')
+    parser.add_argument('--numel', type=int, default=1000,
+                        help='float32 elements in each parameter (and gradient)')
     parser.add_argument('--quick', action='store_true', help='fewer calls, for a smoke run')
     args = parser.parse_args(argv)
     if args.quick:
         args.number, args.repeats = 2000, 3
     torch.set_num_threads(1)
-    rows = run(args.device, args.number, args.repeats, args.params)
+    rows, headline = run(args.device, args.number, args.repeats, args.params, args.numel)
     print(f'device: {args.device} | torch {torch.__version__} | '
-          f'median of {args.repeats} interleaved repeats')
+          f'median of {args.repeats} interleaved repeats | overflow check over '
+          f'{args.params} parameters of {args.numel} elements')
     print()
     print('| case | per call (us) | vs hand-written |')
     print('|---|---:|---|')
     for name, sec, ratio in rows:
         print(f'| {name} | {sec * 1e6:.2f} | {ratio} |')
+    print()
+    print(f"has_overflow vs bare fused kernel + one .item(): "
+          f"{headline['has_overflow']:.2f}x (vs the floor, reading p.grad included: "
+          f"{headline['has_overflow vs floor']:.2f}x)")
+    print(f"auto_fp16 bound method, two tensor args, vs hand-written: "
+          f"{headline['auto_fp16 bound method']:.2f}x")
 
 
 if __name__ == '__main__':

@@ -329,34 +329,46 @@ def call_autocast(device_type: str, dtype: torch.dtype | None, enabled: bool,
         >>> call_autocast('cpu', torch.bfloat16, True, torch.mm, a, a).dtype
         torch.bfloat16
     """
-    if not has_native_amp():
+    if not (_native_cache.get(TORCH_VERSION) or has_native_amp()):
         return func(*args, **kwargs)
     # torch < 2.4 has no per-device autocast state setters: use the context.
-    if (not _HAS_DEVICE_AUTOCAST_STATE or _is_compiling()
-            or torch._C._is_torch_function_mode_enabled()
-            or torch._jit_internal.is_scripting()):
+    if (not _HAS_DEVICE_AUTOCAST_STATE or _is_compiling() or _torch_function_mode()
+            or _is_scripting()):
         with autocast_for(device_type, dtype, enabled):
             return func(*args, **kwargs)
-    prev_enabled = torch.is_autocast_enabled(device_type)
-    prev_dtype = torch.get_autocast_dtype(device_type)
-    if enabled and not _autocast_supported(device_type, dtype or prev_dtype):
-        enabled = False
-    torch.set_autocast_enabled(device_type, enabled)
+    prev_enabled = _is_autocast_enabled(device_type)
+    prev_dtype = _get_autocast_dtype(device_type)
+    if enabled:
+        key = (device_type, dtype or prev_dtype)
+        if not (_supported_cache.get(key) or _autocast_supported(*key)):
+            enabled = False
+    _set_autocast_enabled(device_type, enabled)
     if dtype is not None:
-        torch.set_autocast_dtype(device_type, dtype)
-    torch.autocast_increment_nesting()
+        _set_autocast_dtype(device_type, dtype)
+    _increment_nesting()
     try:
         return func(*args, **kwargs)
     finally:
-        if torch.autocast_decrement_nesting() == 0:
+        if _decrement_nesting() == 0:
             torch.clear_autocast_cache()
-        torch.set_autocast_enabled(device_type, prev_enabled)
-        torch.set_autocast_dtype(device_type, prev_dtype)
+        _set_autocast_enabled(device_type, prev_enabled)
+        _set_autocast_dtype(device_type, prev_dtype)
 
 
 _supported_cache: dict[tuple[str, torch.dtype], bool] = {}
 _is_compiling: Callable[[], bool] = getattr(
     getattr(torch, 'compiler', None), 'is_compiling', lambda: False)
+# Bound once: call_autocast's eager path runs per decorated call (the per-device
+# functions exist from torch 2.4, the only torch that takes that path).
+_torch_function_mode: Callable[[], bool] = getattr(
+    torch._C, '_is_torch_function_mode_enabled', lambda: False)
+_is_scripting: Callable[[], bool] = torch._jit_internal.is_scripting
+_is_autocast_enabled = torch.is_autocast_enabled
+_get_autocast_dtype = getattr(torch, 'get_autocast_dtype', None)
+_set_autocast_enabled = torch.set_autocast_enabled
+_set_autocast_dtype = getattr(torch, 'set_autocast_dtype', None)
+_increment_nesting = getattr(torch, 'autocast_increment_nesting', None)
+_decrement_nesting = getattr(torch, 'autocast_decrement_nesting', None)
 
 
 def make_grad_scaler(device_type: str = 'cuda', *, init_scale: float = 2.0**16,

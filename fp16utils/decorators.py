@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Callable, Collection, Iterable, Optional, TypeVar, Union
+from typing import Any, Callable, Collection, Iterable, Optional, Sequence, TypeVar, Union
 
 import torch
 from torch import nn
 
 from . import _torch
-from .cast import _cast, _device_type
+from .cast import _cast, _convert, _device_type
 
 __all__ = ['auto_fp16', 'force_fp32']
 
@@ -42,6 +42,8 @@ _MISSING = object()
 _NO_DICT: dict = {}
 _FLOAT = (torch.float32,)
 _LOW = (torch.float16, torch.bfloat16)
+_Tensor = torch.Tensor
+_SCALARS = (int, float, bool, str)
 
 
 def _instance_attr(obj: Any, name: str, default: Any) -> Any:
@@ -140,7 +142,7 @@ class _CastPlan:
         return args, kwargs
 
 
-def _find_device_type(args: tuple, kwargs: dict, seen: list) -> str:
+def _find_device_type(args: tuple, kwargs: dict, seen: Sequence[str]) -> str:
     """Device type of the first cast tensor, else of any tensor argument, else the module."""
     if seen:
         return seen[0]
@@ -148,6 +150,33 @@ def _find_device_type(args: tuple, kwargs: dict, seen: list) -> str:
         if isinstance(value, torch.Tensor):
             return _device_type(value)
     return _module_device_type(args[0])
+
+
+def _cast_positional(args: tuple, src: Collection[torch.dtype], dst: torch.dtype
+                     ) -> tuple[tuple, Optional[str]]:
+    """Cast every argument after the first; also the device type of the first cast tensor.
+
+    The fast path of :meth:`_CastPlan.cast` for a call with positional
+    arguments only and no ``apply_to``: plain tensors are checked inline,
+    anything else goes through :func:`_cast`.
+    """
+    device_type = None
+    out = list(args)
+    for i in range(1, len(out)):
+        value = out[i]
+        if isinstance(value, _Tensor):
+            if value.dtype in src:
+                if device_type is None:
+                    device_type = 'cpu' if value.is_cpu else _device_type(value)
+                out[i] = _convert(value, dst)
+        elif value is not None and not isinstance(value, _SCALARS):
+            seen: list = []
+            new = _cast(value, src, dst, seen)
+            if new is not value:
+                out[i] = new
+                if device_type is None and seen:
+                    device_type = seen[0]
+    return tuple(out), device_type
 
 
 def _uses_autocast(module: Any) -> bool:
@@ -210,14 +239,17 @@ def auto_fp16(apply_to: Optional[Iterable[str]] = None, out_fp32: bool = False,
 
     def decorator(func: F) -> F:
         plan = _CastPlan(func, apply_to, 'auto_fp16')
+        positional = plan.all_args  # no kwargs in a call: the fast positional cast
 
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             try:  # the disabled path must cost next to nothing
                 owner = args[0]
-                enabled = owner.__dict__.get('fp16_enabled', _MISSING)
+                state = owner.__dict__
+                enabled = state.get('fp16_enabled', _MISSING)
             except (IndexError, AttributeError):
                 owner = args[0] if args else None
+                state = _NO_DICT
                 enabled = _MISSING
             if not isinstance(owner, supported_types):
                 _check_owner(args, supported_types, 'auto_fp16', func)
@@ -225,12 +257,23 @@ def auto_fp16(apply_to: Optional[Iterable[str]] = None, out_fp32: bool = False,
                 enabled = _instance_attr(owner, 'fp16_enabled', False)
             if not enabled:
                 return func(*args, **kwargs)
-            low = fixed_dtype or _torch.resolve_dtype(
-                _instance_attr(owner, 'fp16_dtype', None))
-            seen: list = []
-            args, kwargs = plan.cast(args, kwargs, _FLOAT, low, seen)
-            if _uses_autocast(owner):
-                device_type = _find_device_type(args, kwargs, seen)
+            # What wrap_fp16_model records on the instance is read straight from
+            # its __dict__; class attributes, properties and names take the long way.
+            low = fixed_dtype or state.get('fp16_dtype')
+            if low not in _LOW:
+                low = _torch.resolve_dtype(_instance_attr(owner, 'fp16_dtype', None))
+            if positional and not kwargs:
+                args, device_type = _cast_positional(args, _FLOAT, low)
+            else:
+                seen: list = []
+                args, kwargs = plan.cast(args, kwargs, _FLOAT, low, seen)
+                device_type = seen[0] if seen else None
+            native = state.get('_fp16_autocast')
+            if native is None:
+                native = _uses_autocast(owner)
+            if native:
+                if device_type is None:
+                    device_type = _find_device_type(args, kwargs, ())
                 enabled, current = _torch.autocast_state(device_type)
                 if enabled and current == low:
                     output = func(*args, **kwargs)
@@ -282,6 +325,7 @@ def force_fp32(apply_to: Optional[Iterable[str]] = None, out_fp16: bool = False,
 
     def decorator(func: F) -> F:
         plan = _CastPlan(func, apply_to, 'force_fp32')
+        positional = plan.all_args  # no kwargs in a call: the fast positional cast
 
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -297,9 +341,14 @@ def force_fp32(apply_to: Optional[Iterable[str]] = None, out_fp16: bool = False,
                 enabled = _instance_attr(owner, 'fp16_enabled', False)
             if not enabled:
                 return func(*args, **kwargs)
-            seen: list = []
-            args, kwargs = plan.cast(args, kwargs, _LOW, torch.float32, seen)
-            device_type = _find_device_type(args, kwargs, seen)
+            if positional and not kwargs:
+                args, device_type = _cast_positional(args, _LOW, torch.float32)
+            else:
+                seen: list = []
+                args, kwargs = plan.cast(args, kwargs, _LOW, torch.float32, seen)
+                device_type = seen[0] if seen else None
+            if device_type is None:
+                device_type = _find_device_type(args, kwargs, ())
             if _torch.has_native_amp() and _torch.autocast_state(device_type)[0]:
                 output = _torch.call_autocast(device_type, None, False, func,
                                               *args, **kwargs)

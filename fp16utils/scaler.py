@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 import math
+import threading
 from typing import Any, Iterable, Mapping, Optional
 
 import torch
@@ -40,14 +41,57 @@ def _dense_grads(params: Iterable[Any]) -> list[torch.Tensor]:
     return grads
 
 
+_FUSED_NAME = '_amp_foreach_non_finite_check_and_unscale_'
+_F32 = torch.float32
+# Per thread: device -> [found_inf, inv_scale, the value inv_scale holds].
+_local = threading.local()
+_dispatch_modes = getattr(torch._C, '_len_torch_dispatch_stack', lambda: 0)
+# (kernel, device type, dtype) that torch's fused check turned out not to support.
+_no_fused_kernel: set[tuple[Any, str, torch.dtype]] = set()
+# (kernel, number of tensors) for which one call over a whole CPU list failed
+# (sparse gradients, another device in the list, an unsupported dtype): those
+# lists go straight to the grouped path from then on.
+_no_whole_list: set[tuple[Any, int]] = set()
+
+
+def _flag_tensors(device: Any, factor: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """A zeroed ``found_inf`` and an ``inv_scale`` holding ``factor`` on ``device``.
+
+    The pair is made once per thread and device and reused (zeroed, refilled
+    only when ``factor`` changes); it never leaves this module. Under a
+    dispatch mode (fake or meta tracing) fresh tensors are made every time.
+    """
+    if _dispatch_modes():
+        return (torch.zeros(1, dtype=_F32, device=device),
+                torch.full((1,), factor, dtype=_F32, device=device))
+    try:
+        table = _local.table
+    except AttributeError:
+        table = _local.table = {}
+    entry = table.get(device)
+    if entry is None:
+        with torch.inference_mode(False):  # inference tensors refuse later in-place use
+            entry = [torch.zeros(1, dtype=_F32, device=device),
+                     torch.full((1,), factor, dtype=_F32, device=device), factor]
+        table[device] = entry
+        return entry[0], entry[1]
+    found, inv = entry[0], entry[1]
+    found.zero_()
+    if entry[2] != factor:
+        inv.fill_(factor)
+        entry[2] = factor
+    return found, inv
+
+
 def non_finite_check_(tensors: list[torch.Tensor], inv_scale: Optional[float] = None
                       ) -> bool:
     """Check tensors for inf/nan, multiplying them by ``inv_scale`` in the same pass.
 
     Uses torch's fused ``_amp_foreach_non_finite_check_and_unscale_`` kernel,
-    one launch per (device, dtype) group (a per-tensor check where torch lacks
-    that kernel), and synchronises with the device once, whatever the number
-    of tensors.
+    one launch per (device, dtype) group (on the CPU, where that kernel walks
+    the tensors one by one anyway, a pure check is one call over all of them);
+    a per-tensor check where torch lacks the kernel. Synchronises with the
+    device once, whatever the number of tensors.
 
     Args:
         tensors: Dense floating-point tensors (gradients), changed in place
@@ -62,17 +106,41 @@ def non_finite_check_(tensors: list[torch.Tensor], inv_scale: Optional[float] = 
         >>> non_finite_check_([torch.ones(2), torch.tensor([float('nan')])])
         True
     """
-    groups = _torch.group_by_device_and_dtype(tensors)
-    if not groups:
+    return _check(tensors, inv_scale, False)
+
+
+def _check(tensors: list[torch.Tensor], inv_scale: Optional[float], sparse: bool) -> bool:
+    """:func:`non_finite_check_`; ``sparse``: some tensors may be sparse."""
+    if not tensors:
         return False
+    fused = getattr(torch, _FUSED_NAME, None)
+    if inv_scale is None and fused is not None and tensors[0].is_cpu:
+        # The common case, a pure check of CPU tensors: one call, no grouping.
+        # Whatever the kernel refuses (a sparse or non-CPU tensor, a dtype it
+        # lacks) it refuses before its one pass or, multiplying by exactly 1,
+        # after rewriting some tensors unchanged: the grouped path then decides.
+        key = (fused, len(tensors))
+        if key not in _no_whole_list:
+            found, inv = _flag_tensors('cpu', 1.0)
+            try:
+                fused(tensors, found, inv)
+            except (RuntimeError, NotImplementedError):
+                _no_whole_list.add(key)
+            else:
+                return found.item() != 0
+    if sparse:
+        tensors = [t._values() if t.is_sparse else t for t in tensors]
+    return _grouped_check_(tensors, fused, 1.0 if inv_scale is None else float(inv_scale))
+
+
+def _grouped_check_(tensors: list[torch.Tensor], fused: Any, factor: float) -> bool:
+    """The fused kernel once per (device, dtype) group; one sync in all."""
+    groups = _torch.group_by_device_and_dtype(tensors)
     found: dict[Any, torch.Tensor] = {}
     scales: dict[Any, torch.Tensor] = {}
-    factor = 1.0 if inv_scale is None else float(inv_scale)
-    fused = getattr(torch, '_amp_foreach_non_finite_check_and_unscale_', None)
     for (device, dtype), group in groups:
         if device not in found:
-            found[device] = torch.zeros(1, dtype=torch.float32, device=device)
-            scales[device] = torch.full((1,), factor, dtype=torch.float32, device=device)
+            found[device], scales[device] = _flag_tensors(device, factor)
         key = (fused, device.type, dtype)
         if fused is not None and key not in _no_fused_kernel:
             try:
@@ -85,13 +153,9 @@ def non_finite_check_(tensors: list[torch.Tensor], inv_scale: Optional[float] = 
         _non_finite_check_slow_(group, found[device], factor)
     flags = list(found.values())
     if len(flags) == 1:
-        return bool(flags[0].item())
+        return flags[0].item() != 0
     first = flags[0].device
     return bool(torch.stack([f.to(first, non_blocking=True) for f in flags]).sum().item())
-
-
-# (kernel, device type, dtype) that torch's fused check turned out not to support.
-_no_fused_kernel: set[tuple[Any, str, torch.dtype]] = set()
 
 
 def _non_finite_check_slow_(tensors: list[torch.Tensor], found: torch.Tensor,
@@ -179,7 +243,7 @@ class LossScaler:
             >>> LossScaler().has_overflow([p])
             False
         """
-        return non_finite_check_(_dense_grads(params))
+        return _check([g for p in params if (g := p.grad) is not None], None, True)
 
     def unscale_(self, params: Iterable[Any]) -> bool:
         """Divide the gradients of ``params`` by the scale and check them, in one pass.
@@ -197,7 +261,8 @@ class LossScaler:
             >>> LossScaler(init_scale=8.).unscale_([p]), p.grad.item()
             (False, 1.0)
         """
-        return non_finite_check_(_dense_grads(params), 1.0 / self.cur_scale)
+        return _check([g for p in params if (g := p.grad) is not None],
+                      1.0 / self.cur_scale, True)
 
     def update_scale(self, overflow: bool) -> None:
         """Advance one iteration and adjust the scale (dynamic mode only).

@@ -302,6 +302,114 @@ def test_auto_fp16_device_from_module_without_tensor_args():
     assert out.dtype == F16
 
 
+# --------------------------------------------------------------------------- positional fast path
+
+
+class AutoFour(Recorder):
+    @auto_fp16()
+    def forward(self, a, b, c, d):
+        return self.record(a=a, b=b, c=c, d=d)
+
+
+class ForceFour(Recorder):
+    @force_fp32()
+    def loss(self, a, b, c, d):
+        return self.record(a=a, b=b, c=c, d=d)
+
+
+def _same_value(a, b):
+    """Equal arguments: same types, tensors equal in dtype and value, containers alike."""
+    assert type(a) is type(b)
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            _same_value(x, y)
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for key in a:
+            _same_value(a[key], b[key])
+    else:
+        assert a == b
+
+
+@pytest.mark.parametrize(('cls', 'method', 'src', 'dst'), [
+    (AutoFour, 'forward', F32, F16),
+    (ForceFour, 'loss', F16, F32),
+    (ForceFour, 'loss', BF16, F32),
+])
+@pytest.mark.parametrize('values', [
+    lambda t: (t(), t(), t(), t()),
+    lambda t: (None, 3, 'text', t()),
+    lambda t: ([t(), torch.arange(2)], (t(),), {'k': t()}, 2.5),
+    lambda t: (torch.arange(2), t().to(torch.float64), True, [t()]),
+    lambda t: (nn.Parameter(t()), t(), (), {}),
+])
+def test_positional_call_matches_keyword_call(cls, method, src, dst, values):
+    """An all-positional call (the fast path) casts exactly as a keyword call does."""
+    def make():
+        return (torch.arange(2, dtype=src) + 0.5).requires_grad_(False)
+
+    m = cls()
+    args = values(make)
+    getattr(m, method)(*args)
+    positional = m.seen
+    getattr(m, method)(**dict(zip('abcd', args)))
+    _same_value(positional, m.seen)
+    for key, value in zip('abcd', args):
+        got = positional[key]
+        if isinstance(value, torch.Tensor) and value.dtype == src:
+            assert got.dtype == dst
+        elif not isinstance(value, (list, tuple, dict)) or not value:
+            assert got is value  # untouched arguments are the very same objects
+    expected = (True, F16) if cls is AutoFour else (False, positional['autocast'][1])
+    assert positional['autocast'] == expected
+
+
+def test_positional_device_from_container_first():
+    """With no plain tensor argument, autocast follows the first cast tensor in a container."""
+    m = AutoFour()
+    m(None, [f32()], 'x', 1)
+    assert m.seen['b'][0].dtype == F16 and m.seen['autocast'] == (True, F16)
+
+
+def test_positional_nothing_to_cast_still_autocasts():
+    m = AutoFour()
+    half = torch.ones(1, dtype=F16)
+    m(half, 1, None, 'x')
+    assert m.seen['a'] is half and m.seen['autocast'] == (True, F16)
+
+
+@pytest.mark.parametrize('name', ['bf16', 'bfloat16', BF16])
+def test_instance_fp16_dtype_forms(name):
+    m = AutoFour()
+    m.fp16_dtype = name
+    m(f32(), f32(), None, None)
+    assert m.seen['a'].dtype == BF16 and m.seen['autocast'] == (True, BF16)
+
+
+def test_class_fp16_dtype_and_autocast_flag():
+    """fp16_dtype and _fp16_autocast given on the class, not the instance."""
+    class M(AutoFour):
+        fp16_dtype = BF16
+        _fp16_autocast = False
+
+    m = M()
+    m(f32(), f32(), None, None)
+    assert m.seen['a'].dtype == BF16 and m.seen['autocast'][0] is False
+    m._fp16_autocast = True  # the instance attribute wins
+    m(f32(), f32(), None, None)
+    assert m.seen['autocast'] == (True, BF16)
+
+
+def test_instance_bad_fp16_dtype_is_value_error():
+    m = AutoFour()
+    m.fp16_dtype = F32
+    with pytest.raises(ValueError, match='low-precision dtype'):
+        m(f32(), f32(), None, None)
+
+
 # --------------------------------------------------------------------------- errors
 
 

@@ -2,6 +2,7 @@
 
 import math
 import random
+import threading
 
 import pytest
 import torch
@@ -425,19 +426,51 @@ def test_has_overflow_single_sync(monkeypatch, bad_at):
 
     monkeypatch.setattr(torch, '_amp_foreach_non_finite_check_and_unscale_', counting_fused)
     counter = SyncCounter(monkeypatch)
-    result = LossScaler().has_overflow(params)
-    assert result is (bad_at is not None)
-    assert counter.calls == ['item']
-    # One fused launch per dtype, covering all 160 gradients.
-    assert sorted(fused_calls) == [40, 40, 80]
+    scaler = LossScaler()
+    for _ in range(3):  # the first call makes the flag tensors, later ones reuse them
+        result = scaler.has_overflow(params)
+        assert result is (bad_at is not None)
+    assert counter.calls == ['item'] * 3
+    # On the CPU, whose kernel walks the tensors one by one anyway, a pure check
+    # is one call over all 160 gradients, whatever their dtypes.
+    assert fused_calls == [160] * 3
+
+
+def _counting_fused(monkeypatch):
+    calls = []
+    real_fused = torch._amp_foreach_non_finite_check_and_unscale_
+
+    def counting_fused(*args):
+        calls.append(len(args[0]))
+        return real_fused(*args)
+
+    monkeypatch.setattr(torch, '_amp_foreach_non_finite_check_and_unscale_', counting_fused)
+    return calls
 
 
 def test_unscale_single_sync(monkeypatch):
     params = _many_params()
+    fused_calls = _counting_fused(monkeypatch)
     counter = SyncCounter(monkeypatch)
     assert LossScaler(init_scale=2.0).unscale_(params) is False
     assert counter.calls == ['item']
     assert all(torch.equal(p.grad, torch.full((3,), 0.5, dtype=p.grad.dtype)) for p in params)
+    # One fused launch per dtype, covering all 160 gradients.
+    assert sorted(fused_calls) == [40, 40, 80]
+
+
+def test_sparse_and_dense_single_sync(monkeypatch):
+    """Sparse gradients send the check to the grouped path, still with one sync."""
+    params = [_sparse_param(), *_many_params(8)]
+    counter = SyncCounter(monkeypatch)
+    scaler = LossScaler()
+    assert scaler.has_overflow(params) is False
+    params[0].grad._values()[0, 0] = math.nan
+    assert scaler.has_overflow(params) is True
+    params[0].grad._values()[0, 0] = 1.0
+    params[3].grad[0] = -math.inf
+    assert scaler.has_overflow(params) is True
+    assert counter.calls == ['item'] * 3
 
 
 # --------------------------------------------------------------------------- no fused kernel
@@ -486,3 +519,183 @@ def test_non_finite_check_direct():
     assert torch.equal(t, torch.tensor([1.0, 2.0]))
     assert non_finite_check_([t, torch.tensor([math.nan], dtype=F16)]) is True
     assert fp16utils.scaler.non_finite_check_ is non_finite_check_
+
+
+# --------------------------------------------------------------------------- cached flags
+
+
+@pytest.mark.parametrize('dtype', [F16, BF16, F32])
+def test_flag_reset_between_calls(dtype):
+    """The reused found_inf flag starts from zero on every call."""
+    s = LossScaler(init_scale=2.0)
+    clean = param(torch.ones(4, dtype=dtype))
+    dirty = param(torch.tensor([1.0, math.inf], dtype=dtype))
+    assert s.has_overflow([clean, dirty]) is True
+    assert s.has_overflow([clean]) is False
+    assert s.has_overflow([dirty]) is True
+    assert s.has_overflow([clean, clean]) is False
+    # unscale_ (the grouped path) too, and through non_finite_check_.
+    assert s.unscale_([dirty]) is True
+    assert s.unscale_([clean]) is False
+    assert non_finite_check_([torch.tensor([math.nan], dtype=dtype)]) is True
+    assert non_finite_check_([torch.ones(2, dtype=dtype)]) is False
+    assert non_finite_check_([torch.tensor([math.nan], dtype=dtype)], 0.5) is True
+    assert non_finite_check_([torch.ones(2, dtype=dtype)], 0.5) is False
+
+
+@pytest.mark.usefixtures('no_fused_kernel')
+def test_flag_reset_between_calls_without_fused_kernel():
+    s = LossScaler()
+    clean, dirty = param(torch.ones(2)), param(torch.tensor([math.nan, 1.0]))
+    assert [s.has_overflow([dirty]), s.has_overflow([clean]), s.has_overflow([dirty])] == [
+        True, False, True]
+
+
+def test_results_are_plain_bools():
+    """Only a Python bool comes back, never a (reused) flag tensor."""
+    s = LossScaler()
+    for params in ([param(torch.ones(2))], [param(torch.tensor([math.inf]))], [_sparse_param()]):
+        for result in (s.has_overflow(params), s.unscale_(params),
+                       non_finite_check_([p.grad for p in params if not p.grad.is_sparse])):
+            assert type(result) is bool
+
+
+def test_inv_scale_follows_the_scale():
+    """The reused inv_scale tensor is refilled whenever the factor changes."""
+    for scale in (2.0, 4.0, 4.0, 0.5, 2.0**20):
+        s = LossScaler(init_scale=scale)
+        p = param(torch.full((3,), 8.0))
+        q = param(torch.full((2,), 8.0, dtype=F16))
+        assert s.unscale_([p, q]) is False
+        assert torch.equal(p.grad, torch.full((3,), 8.0 / scale))
+        assert torch.equal(q.grad, torch.full((2,), 8.0 / scale, dtype=F16))
+        # A pure check in between neither scales nor disturbs the next unscale_.
+        r = param(torch.full((2,), 3.0))
+        assert s.has_overflow([r]) is False
+        assert torch.equal(r.grad, torch.full((2,), 3.0))
+
+
+def test_mixed_dtypes_both_paths():
+    """Several dtypes in one list: the one-call CPU check and the grouped unscale_."""
+    dtypes = [F32, F16, BF16, torch.float64]
+    s = LossScaler(init_scale=4.0)
+    for bad in range(len(dtypes)):
+        params = [param(torch.full((3,), 4.0, dtype=d)) for d in dtypes]
+        assert s.has_overflow(params) is False
+        params[bad].grad[2] = math.nan
+        assert s.has_overflow(params) is True
+        assert s.unscale_(params) is True
+        for p in params:
+            p.grad.fill_(4.0)
+        assert s.unscale_(params) is False
+        assert all(torch.equal(p.grad, torch.ones(3, dtype=p.grad.dtype)) for p in params)
+
+
+def test_complex_grads_checked_and_unchanged():
+    """A dtype the fused kernel lacks, after others it has: each tensor checked once."""
+    s = LossScaler()
+    real = param(torch.tensor([1.5, -2.0]))
+    cplx = nn.Parameter(torch.zeros(2, dtype=torch.complex64))
+    cplx.grad = torch.tensor([1 + 1j, 2 - 1j], dtype=torch.complex64)
+    before = real.grad.clone(), cplx.grad.clone()
+    for _ in range(2):
+        assert s.has_overflow([real, cplx]) is False
+        assert torch.equal(real.grad, before[0]) and torch.equal(cplx.grad, before[1])
+    cplx.grad[1] = complex(math.inf, 0)
+    assert s.has_overflow([real, cplx]) is True
+    cplx.grad[1] = 1j
+    assert s.has_overflow([real, cplx]) is False
+    real.grad[0] = math.nan
+    assert s.has_overflow([real, cplx]) is True
+
+
+def _in_fresh_thread(fn):
+    """Run fn in a new thread (fresh per-thread flag tensors); return or raise its result."""
+    out = {}
+
+    def target():
+        try:
+            out['value'] = fn()
+        except BaseException as err:  # noqa: BLE001 - re-raised in the caller
+            out['error'] = err
+
+    t = threading.Thread(target=target)
+    t.start()
+    t.join()
+    if 'error' in out:
+        raise out['error']
+    return out['value']
+
+
+def test_flags_made_in_inference_mode_work_outside_it():
+    def run():
+        s = LossScaler(init_scale=2.0)
+        p = param(torch.tensor([1.0, math.inf]))
+        with torch.inference_mode():
+            first = s.has_overflow([p]), s.unscale_([p])
+        p.grad = torch.tensor([2.0, 4.0])
+        return first, s.has_overflow([p]), s.unscale_([p]), p.grad.tolist()
+
+    assert _in_fresh_thread(run) == ((True, True), False, False, [1.0, 2.0])
+
+
+def test_flags_not_kept_under_a_dispatch_mode():
+    """Under a dispatch mode (as fake/meta tracing uses) the flags are made afresh."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Passthrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    def run():
+        s = LossScaler()
+        p = param(torch.tensor([1.0, math.nan]))
+        with Passthrough():
+            under_mode = s.has_overflow([p]), s.unscale_([p])
+        kept = dict(getattr(fp16utils.scaler._local, 'table', {}))
+        return under_mode, kept, s.has_overflow([p])
+
+    under_mode, kept, after = _in_fresh_thread(run)
+    assert under_mode == (True, True) and kept == {} and after is True
+
+
+def test_threads_do_not_share_flags():
+    """Threads checking clean and dirty gradients at once each get their own answer."""
+    n_threads, rounds = 4, 200
+    results = [[] for _ in range(n_threads)]
+    barrier = threading.Barrier(n_threads)
+
+    def worker(i):
+        s = LossScaler()
+        dirty = i % 2 == 1
+        params = [param(torch.ones(2000)) for _ in range(8)]
+        if dirty:
+            params[-1].grad[-1] = math.inf
+        barrier.wait()
+        for _ in range(rounds):
+            results[i].append(s.has_overflow(params))
+            results[i].append(s.unscale_(params))
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, got in enumerate(results):
+        assert got == [i % 2 == 1] * (2 * rounds)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA device')
+@pytest.mark.parametrize('first', ['cpu', 'cuda'])
+def test_two_devices_reused_flags(first):
+    s = LossScaler(init_scale=2.0)
+    devices = [first, 'cuda' if first == 'cpu' else 'cpu']
+    params = [param(torch.full((3,), 2.0, device=d, dtype=dt))
+              for d in devices for dt in (F32, F16)]
+    for bad in range(len(params)):
+        assert s.has_overflow(params) is False
+        params[bad].grad[1] = math.inf
+        assert s.has_overflow(params) is True
+        params[bad].grad[1] = 2.0
+    assert s.unscale_(params) is False
+    assert all(torch.equal(p.grad.cpu(), torch.ones(3, dtype=p.grad.dtype)) for p in params)

@@ -372,6 +372,66 @@ def test_call_autocast_unsupported_dtype_runs_without_autocast():
     assert torch.is_autocast_enabled('cpu') is False
 
 
+def test_call_autocast_unsupported_dtype_cached_answer():
+    """The supported-dtype answer is kept: later calls behave exactly like the first."""
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore', UserWarning)
+        results = [_torch.call_autocast('cpu', torch.float64, True, _state_probe)
+                   for _ in range(3)]
+    assert all(state[0] is False and mm is torch.float32 for state, mm in results)
+    assert _torch.call_autocast('cpu', torch.bfloat16, True, _state_probe)[0] == (
+        True, torch.bfloat16)
+
+
+def test_call_autocast_nesting_and_cache():
+    """Like the context: nesting counted, the cast cache cleared on the outermost exit."""
+    levels = []
+
+    def probe():
+        levels.append(torch.autocast_increment_nesting() - 1)
+        torch.autocast_decrement_nesting()
+
+    _torch.call_autocast('cpu', torch.bfloat16, True, probe)
+    with torch.autocast('cpu', dtype=torch.float16):
+        _torch.call_autocast('cpu', torch.bfloat16, True, probe)
+        probe()
+    assert levels == [1, 2, 1]
+    cleared = []
+    real_clear = torch.clear_autocast_cache
+    try:
+        torch.clear_autocast_cache = lambda: cleared.append(True) or real_clear()
+        _torch.call_autocast('cpu', torch.bfloat16, True, probe)
+    finally:
+        torch.clear_autocast_cache = real_clear
+    assert cleared == [True]
+
+
+def test_call_autocast_under_torch_function_mode_uses_the_context(monkeypatch):
+    """Under a torch-function mode (as torch.export uses) the autocast context is used."""
+    from torch.overrides import TorchFunctionMode
+
+    class Passthrough(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    contexts = []
+    real = _torch.autocast_for
+
+    def recording(*args):
+        contexts.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(_torch, 'autocast_for', recording)
+    assert _torch.call_autocast('cpu', torch.bfloat16, True, _state_probe) == (
+        (True, torch.bfloat16), torch.bfloat16)
+    assert contexts == []  # the eager path sets the state directly
+    with Passthrough():
+        state, mm_dtype = _torch.call_autocast('cpu', torch.bfloat16, True, _state_probe)
+    assert state == (True, torch.bfloat16) and mm_dtype == torch.bfloat16
+    assert contexts == [('cpu', torch.bfloat16, True)]
+    assert torch.is_autocast_enabled('cpu') is False
+
+
 def test_call_autocast_old_torch(old_torch):
     state, mm_dtype = _torch.call_autocast('cpu', torch.float16, True, _state_probe)
     assert state[0] is False and mm_dtype == torch.float32
