@@ -14,32 +14,15 @@ Example:
 
 from __future__ import annotations
 
-import math
 import threading
 from typing import Any, Iterable, Mapping, Optional
 
 import torch
 
 from . import _torch
+from ._spec import MMCV_STATE_KEYS, positive_finite
 
 __all__ = ['LossScaler', 'non_finite_check_']
-
-_STATE_KEYS = ('cur_scale', 'cur_iter', 'mode', 'last_overflow_iter', 'scale_factor',
-               'scale_window')
-
-
-def _dense_grads(params: Iterable[Any]) -> list[torch.Tensor]:
-    """The dense gradients of ``params``, skipping those without one."""
-    grads = []
-    for p in params:
-        grad = p.grad
-        if grad is None:
-            continue
-        if grad.is_sparse:
-            grad = grad._values()
-        grads.append(grad)
-    return grads
-
 
 _FUSED_NAME = '_amp_foreach_non_finite_check_and_unscale_'
 _F32 = torch.float32
@@ -291,7 +274,7 @@ class LossScaler:
             >>> sorted(LossScaler().state_dict())
             ['cur_iter', 'cur_scale', 'last_overflow_iter', 'mode', 'scale_factor', 'scale_window']
         """
-        return {key: getattr(self, key) for key in _STATE_KEYS}
+        return {key: getattr(self, key) for key in MMCV_STATE_KEYS}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Restore a state written by :meth:`state_dict` (or by mmcv).
@@ -304,14 +287,14 @@ class LossScaler:
             >>> b.load_state_dict(a.state_dict()); b.loss_scale
             8.0
         """
-        missing = [k for k in _STATE_KEYS if k not in state_dict]
+        missing = [k for k in MMCV_STATE_KEYS if k not in state_dict]
         if missing:
             raise KeyError(
-                f'LossScaler state is missing {missing}; expected the keys {_STATE_KEYS} '
+                f'LossScaler state is missing {missing}; expected the keys {MMCV_STATE_KEYS} '
                 'as written by LossScaler.state_dict().')
         if state_dict['mode'] not in ('dynamic', 'static'):
             raise ValueError(f"LossScaler state has mode {state_dict['mode']!r}.")
-        for key in _STATE_KEYS:
+        for key in MMCV_STATE_KEYS:
             setattr(self, key, state_dict[key])
 
     def __repr__(self) -> str:
@@ -319,14 +302,6 @@ class LossScaler:
                 f'scale_factor={self.scale_factor}, scale_window={self.scale_window})')
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _positive_finite(value: Any) -> bool:
-    return _is_number(value) and math.isfinite(value) and value > 0
-
-
 def _check_positive(name: str, value: Any) -> None:
-    if not _positive_finite(value):
+    if not positive_finite(value):
         raise ValueError(f'LossScaler {name} must be a finite number > 0, got {value!r}.')

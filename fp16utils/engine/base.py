@@ -25,7 +25,7 @@ from .._spec import (
     nonfinite_error,
     positive_finite,
 )
-from ..scaler import _dense_grads, non_finite_check_
+from ..scaler import non_finite_check_
 
 __all__ = ['Clip', 'ResumeState', 'StepEngine', 'check_pending', 'flat_params',
            'pending_grads']
@@ -45,6 +45,19 @@ def flat_params(optimizer: torch.optim.Optimizer) -> List[_Tensor]:
         True
     """
     return [p for group in optimizer.param_groups for p in group['params']]
+
+
+def _dense_grads(params: List[Any]) -> List[_Tensor]:
+    """The dense gradients of ``params``, skipping those without one."""
+    grads = []
+    for p in params:
+        grad = p.grad
+        if grad is None:
+            continue
+        if grad.is_sparse:
+            grad = grad._values()
+        grads.append(grad)
+    return grads
 
 
 def _clip(params: List[_Tensor], clip: Clip) -> Optional[_Tensor]:
