@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Callable, Collection, Iterable, Optional, Sequence, TypeVar, Union
+from typing import Any, Callable, Collection, Iterable, Mapping, Optional, Sequence, TypeVar, Union
 
 import torch
 from torch import nn
@@ -196,6 +196,35 @@ def _check_owner(args: tuple, supported_types: tuple, decorator: str,
             f'{func.__qualname__} was called with {got} as its first argument.')
 
 
+def _switched(func: F, supported_types: tuple, decorator: str,
+              run: Callable[[Any, Mapping[str, Any], tuple, dict], Any]) -> F:
+    """Wrap ``func`` so that ``run(owner, owner.__dict__, args, kwargs)`` replaces it
+    when the owner (the first argument) has a true ``fp16_enabled``; else ``func`` runs.
+
+    The check is inline, so the disabled path costs next to nothing.
+    """
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            owner = args[0]
+            state = owner.__dict__
+            enabled = state.get('fp16_enabled', _MISSING)
+        except (IndexError, AttributeError):
+            owner = args[0] if args else None
+            state = _NO_DICT
+            enabled = _MISSING
+        if not isinstance(owner, supported_types):
+            _check_owner(args, supported_types, decorator, func)
+        if enabled is _MISSING:
+            enabled = _instance_attr(owner, 'fp16_enabled', False)
+        if not enabled:
+            return func(*args, **kwargs)
+        return run(owner, state, args, kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
 def auto_fp16(apply_to: Optional[Iterable[str]] = None, out_fp32: bool = False,
               supported_types: tuple = (nn.Module,),
               dtype: Union[torch.dtype, str, None] = None) -> Callable[[F], F]:
@@ -241,22 +270,7 @@ def auto_fp16(apply_to: Optional[Iterable[str]] = None, out_fp32: bool = False,
         plan = _CastPlan(func, apply_to, 'auto_fp16')
         positional = plan.all_args  # no kwargs in a call: the fast positional cast
 
-        @functools.wraps(func)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            try:  # the disabled path must cost next to nothing
-                owner = args[0]
-                state = owner.__dict__
-                enabled = state.get('fp16_enabled', _MISSING)
-            except (IndexError, AttributeError):
-                owner = args[0] if args else None
-                state = _NO_DICT
-                enabled = _MISSING
-            if not isinstance(owner, supported_types):
-                _check_owner(args, supported_types, 'auto_fp16', func)
-            if enabled is _MISSING:
-                enabled = _instance_attr(owner, 'fp16_enabled', False)
-            if not enabled:
-                return func(*args, **kwargs)
+        def run(owner: Any, state: Mapping[str, Any], args: tuple, kwargs: dict) -> Any:
             # What wrap_fp16_model records on the instance is read straight from
             # its __dict__; class attributes, properties and names take the long way.
             low = fixed_dtype or state.get('fp16_dtype')
@@ -286,7 +300,7 @@ def auto_fp16(apply_to: Optional[Iterable[str]] = None, out_fp32: bool = False,
                 output = _cast(output, (low,), torch.float32, None)
             return output
 
-        return wrapper  # type: ignore[return-value]
+        return _switched(func, supported_types, 'auto_fp16', run)
 
     return decorator
 
@@ -306,10 +320,10 @@ def force_fp32(apply_to: Optional[Iterable[str]] = None, out_fp16: bool = False,
         supported_types: Classes whose methods may be decorated.
 
     Returns:
-        The decorator.
+        A decorator for methods of ``supported_types``.
 
     Raises:
-        ValueError: When ``apply_to`` names an argument the function lacks.
+        ValueError: At decoration, when ``apply_to`` names a missing argument.
 
     Example:
         >>> import torch
@@ -327,20 +341,7 @@ def force_fp32(apply_to: Optional[Iterable[str]] = None, out_fp16: bool = False,
         plan = _CastPlan(func, apply_to, 'force_fp32')
         positional = plan.all_args  # no kwargs in a call: the fast positional cast
 
-        @functools.wraps(func)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            try:  # the disabled path must cost next to nothing
-                owner = args[0]
-                enabled = owner.__dict__.get('fp16_enabled', _MISSING)
-            except (IndexError, AttributeError):
-                owner = args[0] if args else None
-                enabled = _MISSING
-            if not isinstance(owner, supported_types):
-                _check_owner(args, supported_types, 'force_fp32', func)
-            if enabled is _MISSING:
-                enabled = _instance_attr(owner, 'fp16_enabled', False)
-            if not enabled:
-                return func(*args, **kwargs)
+        def run(owner: Any, state: Mapping[str, Any], args: tuple, kwargs: dict) -> Any:
             if positional and not kwargs:
                 args, device_type = _cast_positional(args, _LOW, torch.float32)
             else:
@@ -359,6 +360,6 @@ def force_fp32(apply_to: Optional[Iterable[str]] = None, out_fp16: bool = False,
                 output = _cast(output, _FLOAT, low, None)
             return output
 
-        return wrapper  # type: ignore[return-value]
+        return _switched(func, supported_types, 'force_fp32', run)
 
     return decorator
