@@ -155,13 +155,9 @@ def build_optim_wrapper(model: nn.Module, cfg: Mapping[str, Any]
             the message names what exists.
 
     Example:
-        >>> import torch
         >>> from torch import nn
-        >>> class GAN(nn.Module):
-        ...     def __init__(self):
-        ...         super().__init__()
-        ...         self.generator, self.discriminator = nn.Linear(2, 2), nn.Linear(2, 1)
-        >>> wrappers = build_optim_wrapper(GAN(), dict(
+        >>> gan = nn.ModuleDict(dict(generator=nn.Linear(2, 2), discriminator=nn.Linear(2, 1)))
+        >>> wrappers = build_optim_wrapper(gan, dict(
         ...     constructor='MultiOptimWrapperConstructor',
         ...     generator=dict(type='AmpOptimWrapper', optimizer=dict(type='Adam', lr=1e-4)),
         ...     discriminator=dict(optimizer=dict(type='SGD', lr=0.1))))
