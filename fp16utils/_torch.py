@@ -613,3 +613,19 @@ def quiet_grad_scaler_load(scaler: Any, state: Any) -> None:
     """``scaler.load_state_dict(state)`` without counting it as an outside change."""
     base = getattr(scaler, '_fp16utils_base', None)
     (base.load_state_dict if base is not None else type(scaler).load_state_dict)(scaler, state)
+
+
+_dispatch_stack_len = getattr(torch._C, '_len_torch_dispatch_stack', None)
+
+
+def dispatch_mode_active() -> bool:
+    """Whether a torch dispatch mode (fake or meta tensors, tracing) is on.
+
+    Reads torch's private ``torch._C._len_torch_dispatch_stack``; False where
+    torch lacks it (no dispatch modes there).
+
+    Example:
+        >>> dispatch_mode_active()
+        False
+    """
+    return bool(_dispatch_stack_len is not None and _dispatch_stack_len())

@@ -28,7 +28,6 @@ _FUSED_NAME = '_amp_foreach_non_finite_check_and_unscale_'
 _F32 = torch.float32
 # Per thread: device -> [found_inf, inv_scale, the value inv_scale holds].
 _local = threading.local()
-_dispatch_modes = getattr(torch._C, '_len_torch_dispatch_stack', lambda: 0)
 # (kernel, device type, dtype) that torch's fused check turned out not to support.
 _no_fused_kernel: set[tuple[Any, str, torch.dtype]] = set()
 # (kernel, number of tensors) for which one call over a whole CPU list failed
@@ -44,7 +43,7 @@ def _flag_tensors(device: Any, factor: float) -> tuple[torch.Tensor, torch.Tenso
     only when ``factor`` changes); it never leaves this module. Under a
     dispatch mode (fake or meta tracing) fresh tensors are made every time.
     """
-    if _dispatch_modes():
+    if _torch.dispatch_mode_active():
         return (torch.zeros(1, dtype=_F32, device=device),
                 torch.full((1,), factor, dtype=_F32, device=device))
     try:
