@@ -117,7 +117,8 @@ def check_paramwise_cfg(paramwise_cfg: Any, optimizer_cfg: Mapping[str, Any],
         if optimizer_cfg.get('lr') is None:
             raise ValueError(f'{where}.paramwise_cfg sets an lr multiplier, but the optimizer '
                              'config has no lr to multiply: give optimizer.lr.')
-    cfg['custom_keys'] = {key: dict(entry) for key, entry in custom.items()}
+    if 'custom_keys' in cfg:
+        cfg['custom_keys'] = {key: dict(entry) for key, entry in custom.items()}
     return cfg
 
 
