@@ -285,3 +285,44 @@ def test_use_fsdp_without_a_process_group_steps_as_usual():
             loss = R.mse(model, (x, y))
         wrapper.update_params(loss)
     assert wrapper.skipped_steps == 0
+
+
+# ------------------------------------------------------------------ convert_config(plugin=True)
+
+FIXTURES = R.__file__.rsplit('/', 1)[0] + '/fixtures/legacy_codebase/configs'
+MMDET_0X = dict(
+    optimizer=dict(type='SGD', lr=0.02, momentum=0.9, weight_decay=1e-4,
+                   paramwise_cfg=dict(norm_decay_mult=0.0, bias_lr_mult=2.0,
+                                      custom_keys={'sub': dict(lr_mult=0.1)})),
+    optimizer_config=dict(grad_clip=dict(max_norm=35, norm_type=2)),
+    fp16=dict(loss_scale='dynamic'))
+
+
+def test_converted_configs_build_here_with_and_without_the_plugin_names():
+    import runpy
+
+    from fp16utils import convert_config
+    biggan = {k: v for k, v in runpy.run_path(f'{FIXTURES}/biggan_128x128_fp16.py').items()
+              if not k.startswith('__')}
+    gan = nn.ModuleDict(dict(generator=Model(), discriminator=nn.Linear(2, 1)))
+    for plugin in (False, True):
+        new = convert_config(biggan, plugin=plugin)
+        wrappers = build_optim_wrapper(gan, new['optim_wrapper'])
+        assert [w.loss_scale for w in wrappers.values()] == [512.0, 512.0]
+        assert [w.accumulative_counts for w in wrappers.values()] == [8, 8]
+        assert ('custom_imports' in new) is plugin
+    new = convert_config(biggan, plugin=True)
+    assert new['custom_imports'] == dict(imports=['fp16utils.mmengine'],
+                                         allow_failed_imports=False)
+    assert new['optim_wrapper']['constructor'] == 'Fp16utilsMultiOptimWrapperConstructor'
+    assert new['optim_wrapper']['generator']['type'] == 'Fp16utilsAmpOptimWrapper'
+    model = Model()
+    plain = build_optim_wrapper(model, convert_config(MMDET_0X)['optim_wrapper'])
+    mmdet = convert_config(MMDET_0X, plugin=True)
+    assert mmdet['optim_wrapper']['constructor'] == 'Fp16utilsOptimWrapperConstructor'
+    assert mmdet['optim_wrapper']['paramwise_cfg']['bias_lr_mult'] == 2.0
+    plugged = build_optim_wrapper(model, mmdet['optim_wrapper'])
+    assert type(plugged) is AmpOptimWrapper and plugged.clip_grad['max_norm'] == 35
+    assert groups_by_name(model, plugged) == groups_by_name(model, plain)
+    assert groups_by_name(model, plugged)['sub.2.bias'] == (0.02 * 0.1, 1e-4)
+    assert groups_by_name(model, plugged)['conv2.bias'] == (0.02 * 2.0, 1e-4)

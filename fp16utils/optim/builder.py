@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from .. import _torch
-from .._spec import check_positive_int, parse_clip_grad, parse_loss_scale
+from .._spec import PLUGIN_NAMES, check_positive_int, parse_clip_grad, parse_loss_scale
 from .amp import AmpOptimWrapper, resolve_cast_dtype
 from .constructor import check_paramwise_cfg, paramwise_groups
 from .wrapper import OptimWrapper
@@ -25,16 +25,6 @@ from .wrapper_dict import OptimWrapperDict
 
 __all__ = ['PLUGIN_NAMES', 'build_optim_wrapper']
 
-#: The names under which :mod:`fp16utils.mmengine` registers the wrappers and the
-#: constructors in MMEngine's registries; :func:`build_optim_wrapper` reads them too,
-#: so one config builds with either.
-PLUGIN_NAMES = {
-    'OptimWrapper': 'Fp16utilsOptimWrapper',
-    'AmpOptimWrapper': 'Fp16utilsAmpOptimWrapper',
-    'OptimWrapperDict': 'Fp16utilsOptimWrapperDict',
-    'DefaultOptimWrapperConstructor': 'Fp16utilsOptimWrapperConstructor',
-    'MultiOptimWrapperConstructor': 'Fp16utilsMultiOptimWrapperConstructor',
-}
 _WRAPPER_TYPES: Dict[str, type] = {
     'OptimWrapper': OptimWrapper, PLUGIN_NAMES['OptimWrapper']: OptimWrapper,
     'AmpOptimWrapper': AmpOptimWrapper, PLUGIN_NAMES['AmpOptimWrapper']: AmpOptimWrapper}
