@@ -17,7 +17,8 @@ registers, under names of their own (``fp16utils._spec.PLUGIN_NAMES``):
 MMEngine's own names are left alone. The wrappers report to MMEngine's
 ``MessageHub`` after each update, as MMEngine's do: ``train/grad_norm`` when
 clipping by norm, and ``train/loss_scale`` (the AMP wrapper), so the Runner's logs
-show the loss scale.
+show the loss scale; inside ``Fp16utilsOptimWrapperDict`` the names carry the
+entry's (``train/generator.loss_scale``).
 
 mmengine is imported here only; ``import fp16utils`` never imports it.
 
@@ -75,13 +76,15 @@ class _MMEngineSide:
 
     def _log_scalars(self) -> None:
         hub = self.message_hub
+        name = self.__dict__.get('_log_name')  # set by the dict: 'train/generator.loss_scale'
+        prefix = f'train/{name}.' if name else 'train/'
         norm = self.grad_norm  # type: ignore[attr-defined]
         if norm is not None and norm is not self.__dict__.get('_logged_norm'):
-            hub.update_scalar('train/grad_norm', float(norm))  # a sync, as in MMEngine
+            hub.update_scalar(f'{prefix}grad_norm', float(norm))  # a sync, as in MMEngine
             self._logged_norm = norm
         scale = getattr(self, 'loss_scale', None)
         if scale is not None:
-            hub.update_scalar('train/loss_scale', scale)
+            hub.update_scalar(f'{prefix}loss_scale', scale)
 
 
 class Fp16utilsOptimWrapper(_MMEngineSide, OptimWrapper, _MMOptimWrapper):
@@ -121,6 +124,12 @@ class Fp16utilsOptimWrapperDict(OptimWrapperDict, _MMOptimWrapperDict):
     """
 
     _entry_types = (OptimWrapper, _MMOptimWrapper)
+
+    def __init__(self, **wrappers: Any) -> None:
+        super().__init__(**wrappers)
+        for name, wrapper in wrappers.items():
+            if isinstance(wrapper, _MMEngineSide):
+                wrapper._log_name = name  # its scalars: 'train/<name>.loss_scale'
 
     def initialize_count_status(self, model: nn.Module, init_counts: int,
                                 max_counts: int) -> None:
