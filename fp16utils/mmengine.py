@@ -14,7 +14,8 @@ registers, under names of their own (``fp16utils._spec.PLUGIN_NAMES``):
   Under these constructors, ``type='OptimWrapper'`` / ``'AmpOptimWrapper'``
   (or no type) build this package's wrappers.
 
-MMEngine's own names are left alone. The wrappers report to MMEngine's
+MMEngine's own names are left alone. Skipped steps and resume warnings go to
+MMEngine's current logger (the run's log). The wrappers report to MMEngine's
 ``MessageHub`` after each update, as MMEngine's do: ``train/grad_norm`` when
 clipping by norm, and ``train/loss_scale`` (the AMP wrapper), so the Runner's logs
 show the loss scale; inside ``Fp16utilsOptimWrapperDict`` the names carry the
@@ -34,7 +35,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional
 
-from mmengine.logging import MessageHub
+from mmengine.logging import MessageHub, MMLogger
 from mmengine.optim import OptimWrapper as _MMOptimWrapper
 from mmengine.optim import OptimWrapperDict as _MMOptimWrapperDict
 from mmengine.registry import OPTIM_WRAPPER_CONSTRUCTORS, OPTIM_WRAPPERS, OPTIMIZERS
@@ -49,8 +50,22 @@ __all__ = ['Fp16utilsAmpOptimWrapper', 'Fp16utilsMultiOptimWrapperConstructor',
            'Fp16utilsOptimWrapperDict']
 
 
+class _CurrentMMLogger:
+    """Forwards warnings to MMEngine's current logger (the Runner's), found at each call."""
+
+    def warning(self, message: str) -> None:
+        MMLogger.get_current_instance().warning(message)
+
+
 class _MMEngineSide:
-    """What MMEngine's code reads on a wrapper beyond the shared API, and the logging."""
+    """What MMEngine's code reads on a wrapper beyond the shared API, and the logging.
+
+    Skipped steps and resume warnings go to MMEngine's current logger (the run's log).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.logger = _CurrentMMLogger()
 
     @property
     def message_hub(self) -> MessageHub:
@@ -60,6 +75,15 @@ class _MMEngineSide:
     @property
     def _accumulative_counts(self) -> int:  # read by MMEngine's strategies
         return self.accumulative_counts  # type: ignore[attr-defined]
+
+    @property
+    def _max_counts(self) -> int:
+        return self.max_counts  # type: ignore[attr-defined]
+
+    @property
+    def _remainder_counts(self) -> int:
+        total = self.max_counts  # type: ignore[attr-defined]
+        return -1 if total == -1 else total % self.accumulative_counts  # type: ignore
 
     @property
     def clip_grad_kwargs(self) -> Optional[Dict[str, Any]]:

@@ -126,6 +126,18 @@ class OptimWrapper:
     def grad_norm(self, value: Optional[_Tensor]) -> None:
         self._engine.grad_norm = value
 
+    @property
+    def logger(self) -> Any:
+        """Where skipped steps and resume warnings go (anything with ``warning(str)``).
+
+        The ``fp16utils`` logger unless set (the MMEngine plug-in sets MMEngine's).
+        """
+        return self._engine.logger
+
+    @logger.setter
+    def logger(self, value: Any) -> None:
+        self._engine.logger = value
+
     def initialize_count_status(self, model: nn.Module, init_counts: int,
                                 max_counts: int) -> None:
         """Set the iteration counter (on resume) and the total number of iterations.

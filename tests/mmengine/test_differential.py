@@ -300,6 +300,24 @@ def test_optim_wrapper_dicts_agree():
         theirs.update_params(torch.tensor(1.0))
 
 
+class logger_records:
+    """Collect the records a logger emits inside the block; fail when none."""
+
+    def __init__(self, logger):
+        import logging
+        self.logger, self.records = logger, []
+        self.handler = logging.Handler()
+        self.handler.emit = self.records.append
+
+    def __enter__(self):
+        self.logger.addHandler(self.handler)
+        return self.records
+
+    def __exit__(self, *exc):
+        self.logger.removeHandler(self.handler)
+        assert exc[0] is not None or self.records, 'nothing was logged'
+
+
 def test_plugin_classes_are_what_mmengine_checks_for():
     model = mlp()
     wrapper = plugin.Fp16utilsAmpOptimWrapper(optimizer=torch.optim.SGD(model.parameters(),
@@ -307,6 +325,18 @@ def test_plugin_classes_are_what_mmengine_checks_for():
     assert isinstance(wrapper, mo.OptimWrapper) and isinstance(wrapper, mo.BaseOptimWrapper)
     assert isinstance(wrapper, fp16utils.AmpOptimWrapper)
     assert wrapper._accumulative_counts == 1 and wrapper.clip_grad_kwargs is None
+    assert (wrapper._max_counts, wrapper._remainder_counts) == (-1, -1)
+    wrapper.initialize_count_status(model, 0, 7)
+    assert (wrapper._max_counts, wrapper._remainder_counts) == (7, 0)
+    clipped = plugin.Fp16utilsOptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1),
+                                           accumulative_counts=3, clip_grad=dict(max_norm=1))
+    assert clipped.clip_grad_kwargs['max_norm'] == 1 and 'type' not in clipped.clip_grad_kwargs
+    assert clipped._accumulative_counts == 3
+    from mmengine.logging import MMLogger
+    logger = MMLogger.get_instance('fp16utils-differential')
+    with logger_records(logger) as records:
+        clipped.initialize_count_status(model, 2, 9)  # the warning reaches the run's log
+    assert any('Resumed at iteration 2' in r.getMessage() for r in records)
     wrappers = plugin.Fp16utilsOptimWrapperDict(g=wrapper)
     assert isinstance(wrappers, mo.OptimWrapperDict)
     from mmengine.registry import OPTIM_WRAPPER_CONSTRUCTORS, OPTIM_WRAPPERS

@@ -180,7 +180,9 @@ def test_runner_trains_logs_checkpoints_and_resumes(tmp_path, monkeypatch, dtype
     assert len(norms) == 4 and (norms[POISON_ITER] != norms[POISON_ITER]) is float16
     logged = [s for s in scalars(tmp_path / 'work') if 'loss' in s]
     assert len(logged) == 4 and all('loss_scale' in s and 'lr' in s for s in logged)
-    assert 'loss_scale: ' in next((tmp_path / 'work').rglob('*.log')).read_text()
+    log_text = next((tmp_path / 'work').rglob('*.log')).read_text()
+    assert 'loss_scale: ' in log_text
+    assert ('update skipped; loss scale 512.0 -> 256.0' in log_text) is float16
     assert any('mse' in s for s in scalars(tmp_path / 'work'))       # the val loop ran
     ckpt = torch.load(tmp_path / 'work' / 'iter_4.pth', map_location='cpu', weights_only=False)
     saved = ckpt['optimizer']
