@@ -279,6 +279,18 @@ def parse_clip_grad(clip_grad: Any, owner: str) -> Optional[Tuple[str, Dict[str,
 
 #: What to do with non-finite gradients when no dynamic loss scale can back off
 #: (bfloat16, scaling disabled, or a static scale).
+#: The MMEngine plug-in module, and the names under which it registers this package's
+#: wrappers and constructors in MMEngine's registries (standard name -> its own name).
+#: The builder reads them too, and ``convert_config(..., plugin=True)`` writes them.
+PLUGIN_MODULE = 'fp16utils.mmengine'
+PLUGIN_NAMES = {
+    'OptimWrapper': 'Fp16utilsOptimWrapper',
+    'AmpOptimWrapper': 'Fp16utilsAmpOptimWrapper',
+    'OptimWrapperDict': 'Fp16utilsOptimWrapperDict',
+    'DefaultOptimWrapperConstructor': 'Fp16utilsOptimWrapperConstructor',
+    'MultiOptimWrapperConstructor': 'Fp16utilsMultiOptimWrapperConstructor',
+}
+
 NONFINITE_POLICIES = ('warn', 'raise', 'ignore')
 
 

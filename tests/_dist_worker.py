@@ -342,7 +342,28 @@ def run_unused_param(rank: int) -> Dict[str, Any]:
         return {'skipped': hook.skipped_steps, 'final': clone_state(model, optimizer)}
 
 
+def run_sharded_overflow(use_fsdp: bool, rank: int) -> Dict[str, Any]:
+    """No DDP (gradients as FSDP leaves them: each rank its own); rank 1 overflows once.
+
+    With ``use_fsdp=True`` the ranks agree on the skip (the found-inf flag is
+    all-reduced); without it only rank 1 skips.
+    """
+    from fp16utils import AmpOptimWrapper
+    model = R.Net(seed=0)
+    wrapper = AmpOptimWrapper(512.0, use_fsdp=use_fsdp,
+                              optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    for i, (x, y) in enumerate(overflow_data(rank)):
+        with wrapper.optim_context(model):
+            loss = R.mse(model, (x, y))
+        if rank == 1 and i == DIST_FAULT_ITER:
+            loss = loss * INF
+        wrapper.update_params(loss)
+    return {'skipped': wrapper.skipped_steps}
+
+
 DIST_SCENARIOS: Dict[str, Callable[[int], Dict[str, Any]]] = {}
+for _fsdp in (True, False):
+    DIST_SCENARIOS[f'sharded-{_fsdp}'] = lambda rank, f=_fsdp: run_sharded_overflow(f, rank)
 for _style in ('wrapper', 'hook'):
     for _backend in ('native', 'legacy'):
         for _inject in ('input', 'grad'):

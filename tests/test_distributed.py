@@ -244,3 +244,9 @@ def test_legacy_hook_reduces_a_gradient_only_some_ranks_have(tmp_path):
     r0, r1 = (r['unused-param'] for r in launch_workers(tmp_path, 'unused-param', timeout=60))
     assert r0['skipped'] == r1['skipped'] == 0
     R.assert_identical(r0['final'], r1['final'])
+
+
+def test_use_fsdp_makes_the_ranks_agree_on_a_skip(ranks):
+    """Sharded gradients: an inf on rank 1 only is skipped by both ranks with use_fsdp."""
+    assert [r['sharded-True']['skipped'] for r in ranks] == [1, 1]
+    assert [r['sharded-False']['skipped'] for r in ranks] == [0, 1]

@@ -17,6 +17,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any, Optional
 
+from .._spec import PLUGIN_MODULE, PLUGIN_NAMES
 from ._converter import ConfigConverter, wrapper_entries, wrapper_layout
 
 __all__ = [
@@ -70,7 +71,8 @@ class ConfigConversionError(ValueError):
 
 
 
-def convert_config_report(cfg: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+def convert_config_report(cfg: Mapping[str, Any], plugin: bool = False
+                          ) -> tuple[dict[str, Any], list[str]]:
     """Convert a 0.x training config to 1.x and return the problems instead of warning.
 
     The rules are those of :func:`convert_config`; this function never warns or
@@ -78,6 +80,7 @@ def convert_config_report(cfg: Mapping[str, Any]) -> tuple[dict[str, Any], list[
 
     Args:
         cfg: the 0.x config as a dict (e.g. the globals of a config file). Not modified.
+        plugin: write the names of the MMEngine plug-in, see :func:`convert_config`.
 
     Returns:
         ``(new_cfg, problems)``: a new dict, and one line per key that could not be
@@ -96,10 +99,33 @@ def convert_config_report(cfg: Mapping[str, Any]) -> tuple[dict[str, Any], list[
             'first (its top-level names as a dict) and pass that'
         )
     converter = ConfigConverter(cfg)
-    return converter.run(), converter.problems
+    new_cfg = converter.run()
+    if plugin:
+        _use_plugin(new_cfg)
+    return new_cfg, converter.problems
 
 
-def convert_config(cfg: Mapping[str, Any], strict: bool = False) -> dict[str, Any]:
+def _use_plugin(cfg: dict[str, Any]) -> None:
+    """Point a converted config's ``optim_wrapper`` at the MMEngine plug-in (in place)."""
+    wrapper = cfg.get('optim_wrapper')
+    if not isinstance(wrapper, dict):
+        return
+    layout = wrapper_layout(wrapper)
+    for _, entry in wrapper_entries(wrapper, layout):
+        entry['type'] = PLUGIN_NAMES.get(entry.get('type', 'OptimWrapper'), entry.get('type'))
+    wrapper['constructor'] = PLUGIN_NAMES[
+        'MultiOptimWrapperConstructor' if layout == 'multi' else 'DefaultOptimWrapperConstructor']
+    imports = cfg.setdefault('custom_imports', {})
+    names = imports.setdefault('imports', [])
+    if isinstance(names, str):
+        names = imports['imports'] = [names]
+    if PLUGIN_MODULE not in names:
+        names.append(PLUGIN_MODULE)
+    imports.setdefault('allow_failed_imports', False)
+
+
+def convert_config(cfg: Mapping[str, Any], strict: bool = False,
+                   plugin: bool = False) -> dict[str, Any]:
     """Convert a 0.x (mmcv 1.x era) training config to the 1.x ``optim_wrapper`` style.
 
     Rules:
@@ -130,6 +156,12 @@ def convert_config(cfg: Mapping[str, Any], strict: bool = False) -> dict[str, An
         cfg: the 0.x config as a dict. It is not modified.
         strict: raise :class:`ConfigConversionError` if anything could not be
             converted safely, instead of warning.
+        plugin: write a config for MMEngine's Runner with this package's plug-in:
+            ``custom_imports=dict(imports=['fp16utils.mmengine'])``, the plug-in's
+            wrapper names (``'Fp16utilsAmpOptimWrapper'``, ...) and constructors
+            (``'Fp16utilsOptimWrapperConstructor'`` /
+            ``'Fp16utilsMultiOptimWrapperConstructor'``). :func:`build_optim_wrapper`
+            reads these names too.
 
     Returns:
         A new config dict.
@@ -147,7 +179,7 @@ def convert_config(cfg: Mapping[str, Any], strict: bool = False) -> dict[str, An
         {'optim_wrapper': {'type': 'AmpOptimWrapper', 'optimizer': {'type': 'Adam', \
 'lr': 0.001}, 'loss_scale': {'init_scale': 512}}}
     """
-    new_cfg, problems = convert_config_report(cfg)
+    new_cfg, problems = convert_config_report(cfg, plugin)
     if problems:
         if strict:
             raise ConfigConversionError(problems)

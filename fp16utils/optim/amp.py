@@ -29,9 +29,63 @@ from ..scaler import LossScaler
 from ..wrap import wrap_fp16_model
 from .wrapper import _NULL_CONTEXT, OptimWrapper
 
-__all__ = ['AmpOptimWrapper']
+__all__ = ['AmpOptimWrapper', 'resolve_cast_dtype']
 
 _Tensor = torch.Tensor
+_UNSET: Any = object()
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+#: Full precision dtypes MMEngine accepts: the forward then runs without autocast.
+_FULL_PRECISION = {'float32': torch.float32, 'float64': torch.float64}
+
+
+def resolve_cast_dtype(dtype: Any) -> torch.dtype:
+    """The dtype an :class:`AmpOptimWrapper` runs the forward in (None: float16).
+
+    float16 and bfloat16 (or their names) autocast; ``'float32'`` and
+    ``'float64'`` (or the torch dtypes), which MMEngine accepts too, run the
+    forward without autocast and need no loss scaling.
+
+    Example:
+        >>> resolve_cast_dtype('float64'), resolve_cast_dtype(None)
+        (torch.float64, torch.float16)
+    """
+    if isinstance(dtype, str):
+        full = _FULL_PRECISION.get(dtype.lower().replace('torch.', ''))
+        if full is not None:
+            return full
+    elif dtype in _FULL_PRECISION.values():
+        return dtype
+    try:
+        return _torch.resolve_dtype(dtype)
+    except ValueError:
+        raise ValueError(f"Unsupported dtype {dtype!r}; expected 'float16', 'bfloat16', "
+                         "'float32' or 'float64' (or the torch dtypes), or None for "
+                         'float16.') from None
+
+
+def _bind_loss_scale(owner: str, positional: Any, optimizer: Any,
+                     kwargs: Dict[str, Any]) -> Tuple[Any, Any]:
+    """Read MMEngine's argument order, and this package's ``(optimizer, loss_scale=...)``.
+
+    MMEngine's order is ``(loss_scale='dynamic', dtype=None, use_fsdp=False,
+    *, optimizer, ...)``; an optimizer in the first place is taken as
+    ``optimizer=`` so that ``AmpOptimWrapper(optimizer, loss_scale=512.)`` works too.
+    """
+    keyword = kwargs.pop('loss_scale', _UNSET)
+    if kwargs:
+        raise TypeError(f'{owner}() got unexpected keyword argument(s) {sorted(kwargs)}.')
+    if positional is not _UNSET and hasattr(positional, 'param_groups'):
+        if optimizer is not None:
+            raise TypeError(f'{owner}() got two optimizers: one in the first place and '
+                            'optimizer=; pass it once.')
+        optimizer, positional = positional, _UNSET
+    if positional is not _UNSET and keyword is not _UNSET:
+        raise TypeError(f"{owner}() got multiple values for argument 'loss_scale'.")
+    if optimizer is None:
+        raise TypeError(f'{owner}() needs the optimizer: {owner}(optimizer=torch.optim.SGD('
+                        'model.parameters(), lr=0.01), loss_scale=...).')
+    loss_scale = keyword if positional is _UNSET else positional
+    return optimizer, 'dynamic' if loss_scale is _UNSET else loss_scale
 
 
 class AmpOptimWrapper(OptimWrapper):
@@ -63,8 +117,11 @@ class AmpOptimWrapper(OptimWrapper):
     ``state_dict()`` costs no sync. The legacy backend also syncs once per
     step (the fused overflow check).
 
+    The arguments are in MMEngine's order, ``(loss_scale, dtype, use_fsdp)``
+    then keywords (``optimizer=`` among them); an optimizer given first, as
+    ``AmpOptimWrapper(optimizer, loss_scale=512.)``, is read as ``optimizer=``.
+
     Args:
-        optimizer: Optimizer built on the (float32) model parameters.
         loss_scale: ``'dynamic'`` (GradScaler's defaults: 2**16, x2 every 2000
             clean steps, /2 on overflow), a number (a static scale: never
             grows or backs off, but a non-finite step is still skipped), or a
@@ -73,6 +130,12 @@ class AmpOptimWrapper(OptimWrapper):
             mode, scale_factor, scale_window are accepted too).
         dtype: ``torch.float16`` (default) or ``torch.bfloat16`` (or their
             names). bfloat16 needs no loss scaling and gets none.
+            ``'float32'`` / ``'float64'`` run the forward without autocast
+            (and without loss scaling), as a switch in a config.
+        use_fsdp: Set it when the parameters are sharded across ranks (FSDP):
+            the ranks then agree on a skip (one all-reduce of the found-inf
+            flag per step), as MMEngine's ``ShardedGradScaler`` makes them.
+        optimizer: Optimizer built on the (float32) model parameters.
         backend: ``'native'``, ``'legacy'`` or None for the default (see
             ``fp16utils._torch.default_backend``).
         accumulative_counts: See :class:`OptimWrapper`.
@@ -91,6 +154,9 @@ class AmpOptimWrapper(OptimWrapper):
             the scale never goes below ``min(1, init_scale)``.
 
     Attributes:
+        dtype: The resolved dtype (float16 when ``dtype=None``).
+        cast_dtype: ``dtype`` as given, as a torch dtype (None stays None),
+            the attribute MMEngine's wrapper has.
         skipped_steps: Steps skipped for non-finite gradients.
         scale_history: ``(step, scale)`` at the start and at each change of
             the scale, latest :data:`SCALE_HISTORY_LEN` kept; ``step`` is the
@@ -116,16 +182,24 @@ class AmpOptimWrapper(OptimWrapper):
         1024.0
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer,
-                 loss_scale: Union[str, float, Mapping[str, Any]] = 'dynamic',
-                 dtype: Union[torch.dtype, str, None] = None, backend: Optional[str] = None,
-                 accumulative_counts: int = 1, clip_grad: Optional[Mapping[str, Any]] = None,
-                 model: Optional[nn.Module] = None, nonfinite: str = 'warn') -> None:
+    def __init__(self, loss_scale: Any = _UNSET, /,
+                 dtype: Union[torch.dtype, str, None] = None, use_fsdp: bool = False, *,
+                 optimizer: Optional[torch.optim.Optimizer] = None,
+                 backend: Optional[str] = None, accumulative_counts: int = 1,
+                 clip_grad: Optional[Mapping[str, Any]] = None,
+                 model: Optional[nn.Module] = None, nonfinite: str = 'warn',
+                 **kwargs: Any) -> None:
         owner = type(self).__name__
+        optimizer, loss_scale = _bind_loss_scale(owner, loss_scale, optimizer, kwargs)
         nonfinite = check_nonfinite_policy(nonfinite, owner)
+        if not isinstance(use_fsdp, bool):
+            raise TypeError(f'{owner}: use_fsdp must be True or False, got {use_fsdp!r}.')
         super().__init__(optimizer, accumulative_counts, clip_grad)
         spec = parse_loss_scale(loss_scale, owner)
-        self.dtype: torch.dtype = _torch.resolve_dtype(dtype)
+        self.dtype: torch.dtype = resolve_cast_dtype(dtype)
+        #: The ``dtype`` argument as a torch dtype (None stays None), as MMEngine keeps it.
+        self.cast_dtype: Optional[torch.dtype] = None if dtype is None else self.dtype
+        self.use_fsdp = use_fsdp
         self.backend: str = _torch.resolve_backend(backend)
         if model is not None and not isinstance(model, nn.Module):
             raise TypeError(f'{owner}: model must be an nn.Module, got {type(model).__name__}.')
@@ -141,11 +215,16 @@ class AmpOptimWrapper(OptimWrapper):
                     'float32 master weights, so it needs the model: pass '
                     f"{owner}(optimizer, ..., model=model) (or backend='native' on "
                     'torch >= 1.6).')
+            if self.dtype not in _LOW_PRECISION or use_fsdp:
+                raise ValueError(
+                    f'{owner}: the legacy backend runs a float16 or bfloat16 model without '
+                    f'FSDP; got dtype={self.dtype}, use_fsdp={use_fsdp}: use '
+                    "backend='native'.")
             self._engine = LegacyEngine(optimizer, spec, self.dtype, owner, nonfinite, clip)
             wrap_fp16_model(model, self.dtype, backend='legacy')
         else:
             self._engine = NativeEngine(spec, self.dtype, self._param_device_type, nonfinite,
-                                        clip)
+                                        clip, agree_across_ranks=use_fsdp)
 
     def _param_device_type(self) -> str:
         return flat_params(self.optimizer)[0].device.type
@@ -183,8 +262,9 @@ class AmpOptimWrapper(OptimWrapper):
         """Context for the forward pass: autocast (native) or half inputs (legacy).
 
         Native: ``torch.autocast`` on the model's device type with
-        :attr:`dtype`. Legacy: float32 tensor inputs of ``model`` are cast to
-        :attr:`dtype` and its outputs back to float32. In both cases the
+        :attr:`dtype` (autocast disabled for float32 / float64). Legacy:
+        float32 tensor inputs of ``model`` are cast to :attr:`dtype` and its
+        outputs back to float32. In both cases the
         parent's context (no DDP gradient all-reduce while accumulating) is
         entered first.
 
@@ -195,8 +275,12 @@ class AmpOptimWrapper(OptimWrapper):
             A context manager, to be entered once.
         """
         if self.backend == 'native':
-            inner: contextlib.AbstractContextManager = _torch.autocast_for(
-                self._model_device_type(model), self.dtype)
+            device_type = self._model_device_type(model)
+            if self.dtype in _LOW_PRECISION:
+                inner: contextlib.AbstractContextManager = _torch.autocast_for(
+                    device_type, self.dtype)
+            else:  # float32 / float64: full precision, autocast off
+                inner = _torch.autocast_for(device_type, enabled=False)
         else:
             inner = _CastIO(model, self.dtype)
         outer = super().optim_context(model)

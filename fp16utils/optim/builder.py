@@ -17,19 +17,23 @@ import torch
 from torch import nn
 
 from .. import _torch
-from .._spec import check_positive_int, parse_clip_grad, parse_loss_scale
-from .amp import AmpOptimWrapper
+from .._spec import PLUGIN_NAMES, check_positive_int, parse_clip_grad, parse_loss_scale
+from .amp import AmpOptimWrapper, resolve_cast_dtype
+from .constructor import check_paramwise_cfg, paramwise_groups
 from .wrapper import OptimWrapper
 from .wrapper_dict import OptimWrapperDict
 
-__all__ = ['build_optim_wrapper']
+__all__ = ['PLUGIN_NAMES', 'build_optim_wrapper']
 
-_WRAPPER_TYPES: Dict[str, type] = {'OptimWrapper': OptimWrapper,
-                                   'AmpOptimWrapper': AmpOptimWrapper}
-_SINGLE_CONSTRUCTORS = ('DefaultOptimWrapperConstructor', 'OptimWrapperConstructor')
-_MULTI_CONSTRUCTORS = ('MultiOptimWrapperConstructor',)
-_COMMON_KEYS = ('type', 'optimizer', 'accumulative_counts', 'clip_grad')
-_AMP_KEYS = ('loss_scale', 'dtype', 'backend', 'nonfinite')
+_WRAPPER_TYPES: Dict[str, type] = {
+    'OptimWrapper': OptimWrapper, PLUGIN_NAMES['OptimWrapper']: OptimWrapper,
+    'AmpOptimWrapper': AmpOptimWrapper, PLUGIN_NAMES['AmpOptimWrapper']: AmpOptimWrapper}
+_SINGLE_CONSTRUCTORS = ('DefaultOptimWrapperConstructor', 'OptimWrapperConstructor',
+                        PLUGIN_NAMES['DefaultOptimWrapperConstructor'])
+_MULTI_CONSTRUCTORS = ('MultiOptimWrapperConstructor',
+                       PLUGIN_NAMES['MultiOptimWrapperConstructor'])
+_COMMON_KEYS = ('type', 'optimizer', 'accumulative_counts', 'clip_grad', 'paramwise_cfg')
+_AMP_KEYS = ('loss_scale', 'dtype', 'use_fsdp', 'backend', 'nonfinite')
 
 
 def _optimizer_classes() -> Dict[str, type]:
@@ -46,6 +50,7 @@ class _Plan(NamedTuple):
     optimizer_cls: type
     optimizer_kwargs: Dict[str, Any]
     wrapper_kwargs: Dict[str, Any]
+    paramwise: Dict[str, Any]
 
 
 def _plan(cfg: Mapping[str, Any], where: str) -> _Plan:
@@ -65,9 +70,6 @@ def _plan(cfg: Mapping[str, Any], where: str) -> _Plan:
         hint = ''
         if set(unknown) & set(_AMP_KEYS):
             hint = " (loss_scale, dtype and backend belong to type='AmpOptimWrapper')"
-        elif 'paramwise_cfg' in unknown:
-            hint = (' (paramwise_cfg is not supported: build the optimizer with your own '
-                    'param groups and wrap it yourself)')
         raise ValueError(f'{where}: unknown key(s) {unknown}{hint}; a '
                          f'{wrapper_cls.__name__} config takes {list(allowed)}.')
     if 'optimizer' not in cfg:
@@ -88,19 +90,25 @@ def _plan(cfg: Mapping[str, Any], where: str) -> _Plan:
                              f'a torch.optim class name, one of {sorted(classes)}.')
         opt_cls = classes[otype]
     # Validate the wrapper arguments now, so that building changes nothing on error.
+    paramwise = check_paramwise_cfg(cfg.pop('paramwise_cfg', None), opt_kwargs, where)
     owner = f'{where} ({wrapper_cls.__name__})'
     check_positive_int(cfg.get('accumulative_counts', 1), owner, 'accumulative_counts')
     parse_clip_grad(cfg.get('clip_grad'), owner)
     if is_amp:
         parse_loss_scale(cfg.get('loss_scale', 'dynamic'), owner)
-        cfg['dtype'] = _torch.resolve_dtype(cfg.get('dtype'))
+        resolve_cast_dtype(cfg.get('dtype'))
         _torch.resolve_backend(cfg.get('backend'))
-    return _Plan(where, wrapper_cls, opt_cls, opt_kwargs, cfg)
+    return _Plan(where, wrapper_cls, opt_cls, opt_kwargs, cfg, paramwise)
 
 
 def _make_optimizer(plan: _Plan, module: nn.Module) -> torch.optim.Optimizer:
+    kwargs = plan.optimizer_kwargs
+    params: Any = module.parameters()
+    if plan.paramwise:  # as MMEngine: any non-empty paramwise_cfg gives a group per parameter
+        params = paramwise_groups(module, plan.paramwise, kwargs.get('lr'),
+                                  kwargs.get('weight_decay'))
     try:
-        return plan.optimizer_cls(module.parameters(), **plan.optimizer_kwargs)
+        return plan.optimizer_cls(params, **kwargs)
     except (TypeError, ValueError) as err:
         raise type(err)(f'{plan.where}.optimizer: {plan.optimizer_cls.__name__} rejected '
                         f'{plan.optimizer_kwargs}: {err}') from None
@@ -108,10 +116,10 @@ def _make_optimizer(plan: _Plan, module: nn.Module) -> torch.optim.Optimizer:
 
 def _make_wrapper(plan: _Plan, optimizer: torch.optim.Optimizer,
                   module: nn.Module) -> OptimWrapper:
-    kwargs = dict(plan.wrapper_kwargs)
+    kwargs = dict(plan.wrapper_kwargs, optimizer=optimizer)
     if issubclass(plan.wrapper_cls, AmpOptimWrapper):
         kwargs['model'] = module
-    return plan.wrapper_cls(optimizer, **kwargs)
+    return plan.wrapper_cls(**kwargs)
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
@@ -125,16 +133,24 @@ def build_optim_wrapper(model: nn.Module, cfg: Mapping[str, Any]
 
     Single wrapper: ``dict(type='OptimWrapper' | 'AmpOptimWrapper',
     optimizer=dict(type='Adam', lr=...), accumulative_counts=1,
-    clip_grad=None)``, plus ``loss_scale``, ``dtype`` and ``backend`` for
-    ``AmpOptimWrapper``. ``constructor`` may be omitted,
+    clip_grad=None, paramwise_cfg=None)``, plus ``loss_scale``, ``dtype``,
+    ``use_fsdp``, ``backend`` and ``nonfinite`` for ``AmpOptimWrapper``.
+    ``paramwise_cfg`` takes the options of MMEngine's
+    ``DefaultOptimWrapperConstructor`` (see :mod:`fp16utils.optim.constructor`)
+    and gives the same param groups. ``constructor`` may be omitted,
     ``'DefaultOptimWrapperConstructor'`` or ``'OptimWrapperConstructor'``.
+    The names that :mod:`fp16utils.mmengine` registers in MMEngine
+    (:data:`PLUGIN_NAMES`, e.g. ``'Fp16utilsAmpOptimWrapper'``) are read as
+    the classes they stand for, so one config builds here and in MMEngine's
+    Runner.
 
     One wrapper per sub-model: ``constructor='MultiOptimWrapperConstructor'``
     and one such config per attribute name of ``model`` (``generator=dict(...),
-    discriminator=dict(...)``); each optimizer is built on
-    ``getattr(model, name).parameters()`` and the result is an
-    :class:`OptimWrapperDict`. The per-name layout is also recognised under
-    ``'OptimWrapperConstructor'`` when the config has no ``optimizer`` key.
+    discriminator=dict(...)``, each with its own ``paramwise_cfg`` if any);
+    each optimizer is built on the parameters of ``getattr(model, name)`` and
+    the result is an :class:`OptimWrapperDict`. The per-name layout is also
+    recognised under ``'OptimWrapperConstructor'`` when the config has no
+    ``optimizer`` key.
 
     Everything is validated before anything is built, so an error leaves the
     model as it was. On the legacy backend each ``AmpOptimWrapper`` converts
@@ -182,6 +198,11 @@ def build_optim_wrapper(model: nn.Module, cfg: Mapping[str, Any]
         plan = _plan(cfg, 'optim_wrapper')
         return _make_wrapper(plan, _make_optimizer(plan, model), model)
 
+    if cfg.get('paramwise_cfg') is not None:
+        raise ValueError(f'optim_wrapper: constructor={constructor!r} takes paramwise_cfg '
+                         'inside each sub-model config, e.g. generator=dict(optimizer=..., '
+                         'paramwise_cfg=...), not at the top.')
+    cfg.pop('paramwise_cfg', None)
     if not cfg:
         raise ValueError(f'optim_wrapper: constructor={constructor!r} needs one config per '
                          'sub-model, e.g. generator=dict(optimizer=...), '

@@ -83,6 +83,13 @@ class OptimWrapper:
         self.optimizer = optimizer
         self._inner_count = 0
         self._restored_count: Optional[int] = None
+        #: With several param groups, a group that holds the optimizer's defaults
+        #: and no parameter, as MMEngine keeps it: param schedulers step its ``lr``
+        #: too, so ``get_lr()['base_lr']`` follows the schedule without the
+        #: per-group multipliers. None with one group.
+        self.base_param_settings: Optional[Dict[str, Any]] = None
+        if len(optimizer.param_groups) > 1:
+            self.base_param_settings = {'params': torch.tensor([0.0]), **optimizer.defaults}
 
     # -- counters ---------------------------------------------------------------------------
 
@@ -118,6 +125,18 @@ class OptimWrapper:
     @grad_norm.setter
     def grad_norm(self, value: Optional[_Tensor]) -> None:
         self._engine.grad_norm = value
+
+    @property
+    def logger(self) -> Any:
+        """Where skipped steps and resume warnings go (anything with ``warning(str)``).
+
+        The ``fp16utils`` logger unless set (the MMEngine plug-in sets MMEngine's).
+        """
+        return self._engine.logger
+
+    @logger.setter
+    def logger(self, value: Any) -> None:
+        self._engine.logger = value
 
     def initialize_count_status(self, model: nn.Module, init_counts: int,
                                 max_counts: int) -> None:
@@ -218,8 +237,19 @@ class OptimWrapper:
 
     @property
     def param_groups(self) -> List[Dict[str, Any]]:
-        """The optimizer's ``param_groups``."""
-        return self.optimizer.param_groups
+        """The optimizer's ``param_groups``, plus :attr:`base_param_settings` when set.
+
+        Example:
+            >>> import torch
+            >>> a, b = torch.nn.Parameter(torch.ones(1)), torch.nn.Parameter(torch.ones(1))
+            >>> w = OptimWrapper(torch.optim.SGD([{'params': [a]}, {'params': [b], 'lr': 2.}],
+            ...                                  lr=1.))
+            >>> [g['lr'] for g in w.param_groups]
+            [1.0, 2.0, 1.0]
+        """
+        if self.base_param_settings is None:
+            return self.optimizer.param_groups
+        return self.optimizer.param_groups + [self.base_param_settings]
 
     @property
     def defaults(self) -> Dict[str, Any]:
@@ -229,13 +259,19 @@ class OptimWrapper:
     def get_lr(self) -> Dict[str, List[float]]:
         """The learning rate of each param group, as ``{'lr': [...]}``.
 
+        With several groups, ``'base_lr'`` comes first: the scheduled learning
+        rate without the per-group multipliers (see :attr:`base_param_settings`).
+
         Example:
             >>> import torch
             >>> OptimWrapper(torch.optim.SGD([torch.nn.Parameter(torch.ones(1))],
             ...                              lr=0.5)).get_lr()
             {'lr': [0.5]}
         """
-        return {'lr': [group['lr'] for group in self.optimizer.param_groups]}
+        lrs = [group['lr'] for group in self.optimizer.param_groups]
+        if self.base_param_settings is None:
+            return {'lr': lrs}
+        return {'base_lr': [self.base_param_settings['lr']], 'lr': lrs}
 
     def get_momentum(self) -> Dict[str, List[float]]:
         """The momentum of each group (``betas[0]`` for Adam-like), as ``{'momentum': [...]}``.
@@ -269,11 +305,16 @@ class OptimWrapper:
     def state_dict(self) -> Dict[str, Any]:
         """The optimizer's state dict, plus ``'pending_window'`` when saved mid-window.
 
+        With several param groups it also holds ``'base_param_settings'``, as
+        MMEngine's does.
+
         In the middle of an accumulation window, ``'pending_window'`` holds the
         iteration count and a copy of the gradients accumulated so far, so a
         resumed run continues the window exactly where it stopped.
         """
         state = self.optimizer.state_dict()
+        if self.base_param_settings is not None:
+            state['base_param_settings'] = self.base_param_settings
         state.update(self._engine_state())
         if self._inner_count % self._window.counts:
             state['pending_window'] = {
@@ -289,6 +330,7 @@ class OptimWrapper:
         """
         state = dict(state_dict)
         pending = state.pop('pending_window', None)
+        base = state.pop('base_param_settings', None)
         resume = self._resume_state(state)
         if pending is not None:
             resume = resume._replace(pending=list(pending['grads']))
@@ -296,6 +338,8 @@ class OptimWrapper:
                             self._engine.grad_params(self.optimizer),
                             load_optimizer=lambda: self.optimizer.load_state_dict(state),
                             reread_masters=True)
+        if base is not None:
+            self.base_param_settings = base
         if pending is None:
             self._restored_count = None
         else:

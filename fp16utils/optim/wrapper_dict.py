@@ -13,7 +13,18 @@ Example:
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Dict, ItemsView, Iterator, KeysView, List, Mapping, Optional, ValuesView
+from typing import (
+    Any,
+    Dict,
+    ItemsView,
+    Iterator,
+    KeysView,
+    List,
+    Mapping,
+    Optional,
+    Tuple,
+    ValuesView,
+)
 
 import torch
 from torch import nn
@@ -29,8 +40,12 @@ class OptimWrapperDict:
     """Several optimizer wrappers under names, for models with several optimizers (GANs).
 
     It behaves as a read-only mapping from names to wrappers. Stepping is each
-    wrapper's business: ``update_params``, ``backward``, ``step``,
-    ``zero_grad`` and ``optim_context`` on the dict raise NotImplementedError.
+    wrapper's business: ``update_params``, ``backward``, ``step`` and
+    ``optim_context`` on the dict raise NotImplementedError. As in MMEngine,
+    ``zero_grad()`` zeroes every entry, ``param_groups`` is ``{name:
+    entry.param_groups}``, and ``get_lr()`` / ``get_momentum()`` merge the
+    entries' under ``'<name>.lr'`` (``'<name>.base_lr'`` too) and
+    ``'<name>.momentum'``.
 
     Args:
         **wrappers: One :class:`OptimWrapper` (or subclass) per name.
@@ -48,9 +63,12 @@ class OptimWrapperDict:
         (True, 2)
     """
 
+    #: What an entry must be an instance of.
+    _entry_types: Tuple[type, ...] = (OptimWrapper,)
+
     def __init__(self, **wrappers: OptimWrapper) -> None:
         for name, wrapper in wrappers.items():
-            if not isinstance(wrapper, OptimWrapper):
+            if not isinstance(wrapper, self._entry_types):
                 raise TypeError(
                     f'OptimWrapperDict entry {name!r} must be an OptimWrapper (or '
                     f'AmpOptimWrapper), got {type(wrapper).__name__}; wrap the optimizer '
@@ -79,17 +97,18 @@ class OptimWrapperDict:
         raise self._per_entry('step')
 
     def zero_grad(self, **kwargs: Any) -> None:
-        """Not supported: call ``zero_grad`` on one entry."""
-        raise self._per_entry('zero_grad')
+        """Zero the gradients of every entry (``set_to_none`` and friends pass through)."""
+        for wrapper in self.optim_wrappers.values():
+            wrapper.zero_grad(**kwargs)
 
     def optim_context(self, model: nn.Module) -> contextlib.AbstractContextManager:
         """Not supported: use one entry's ``optim_context``."""
         raise self._per_entry('optim_context')
 
     @property
-    def param_groups(self) -> List[Dict[str, Any]]:
-        """Not supported: read ``param_groups`` of one entry."""
-        raise self._per_entry('param_groups')
+    def param_groups(self) -> Dict[str, List[Dict[str, Any]]]:
+        """``{name: entry.param_groups}``."""
+        return {name: w.param_groups for name, w in self.optim_wrappers.items()}
 
     def initialize_count_status(self, model: nn.Module, init_counts: int,
                                 max_counts: int) -> None:
@@ -98,8 +117,12 @@ class OptimWrapperDict:
             wrapper.initialize_count_status(model, init_counts, max_counts)
 
     def get_lr(self) -> Dict[str, List[float]]:
-        """Every entry's learning rates, keyed ``'<name>.lr'``."""
-        return {f'{name}.lr': w.get_lr()['lr'] for name, w in self.optim_wrappers.items()}
+        """Every entry's learning rates, keyed ``'<name>.lr'`` (and ``'<name>.base_lr'``)."""
+        merged = {}
+        for name, wrapper in self.optim_wrappers.items():
+            for key, lrs in wrapper.get_lr().items():
+                merged[f'{name}.{key}'] = lrs
+        return merged
 
     def get_momentum(self) -> Dict[str, List[float]]:
         """Every entry's momentum, keyed ``'<name>.momentum'``."""

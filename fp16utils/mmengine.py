@@ -1,0 +1,274 @@
+"""The MMEngine plug-in: this package's optimizer wrappers inside MMEngine's own Runner.
+
+Importing it (in a config: ``custom_imports=dict(imports=['fp16utils.mmengine'])``)
+registers, under names of their own (``fp16utils._spec.PLUGIN_NAMES``):
+
+- in ``OPTIM_WRAPPERS``: ``Fp16utilsOptimWrapper``, ``Fp16utilsAmpOptimWrapper``
+  and ``Fp16utilsOptimWrapperDict``: this package's wrappers, also instances of
+  MMEngine's ``OptimWrapper`` (and ``OptimWrapperDict``), which is what the
+  Runner, its param schedulers and its checkpointing check for;
+- in ``OPTIM_WRAPPER_CONSTRUCTORS``: ``Fp16utilsOptimWrapperConstructor`` (the
+  ``paramwise_cfg`` options of MMEngine's default constructor; the legacy
+  backend gets the model it converts) and ``Fp16utilsMultiOptimWrapperConstructor``
+  (one wrapper per sub-model, ``paramwise_cfg`` per entry, as in MMagic).
+  Under these constructors, ``type='OptimWrapper'`` / ``'AmpOptimWrapper'``
+  (or no type) build this package's wrappers.
+
+MMEngine's own names are left alone. Skipped steps and resume warnings go to
+MMEngine's current logger (the run's log). The wrappers report to MMEngine's
+``MessageHub`` after each update, as MMEngine's do: ``train/grad_norm`` when
+clipping by norm, and ``train/loss_scale`` (the AMP wrapper), so the Runner's logs
+show the loss scale; inside ``Fp16utilsOptimWrapperDict`` the names carry the
+entry's (``train/generator.loss_scale``).
+
+mmengine is imported here only; ``import fp16utils`` never imports it.
+
+Example:
+    >>> import fp16utils.mmengine  # doctest: +SKIP
+    >>> cfg = dict(  # doctest: +SKIP
+    ...     custom_imports=dict(imports=['fp16utils.mmengine']),
+    ...     optim_wrapper=dict(type='Fp16utilsAmpOptimWrapper', dtype='bfloat16',
+    ...                        optimizer=dict(type='SGD', lr=0.01)))
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+from mmengine.logging import MessageHub, MMLogger
+from mmengine.optim import OptimWrapper as _MMOptimWrapper
+from mmengine.optim import OptimWrapperDict as _MMOptimWrapperDict
+from mmengine.registry import OPTIM_WRAPPER_CONSTRUCTORS, OPTIM_WRAPPERS, OPTIMIZERS
+from torch import nn
+
+from ._spec import PLUGIN_NAMES
+from .optim import AmpOptimWrapper, OptimWrapper, OptimWrapperDict
+from .optim.constructor import check_paramwise_cfg, paramwise_groups
+
+__all__ = ['Fp16utilsAmpOptimWrapper', 'Fp16utilsMultiOptimWrapperConstructor',
+           'Fp16utilsOptimWrapper', 'Fp16utilsOptimWrapperConstructor',
+           'Fp16utilsOptimWrapperDict']
+
+
+class _CurrentMMLogger:
+    """Forwards warnings to MMEngine's current logger (the Runner's), found at each call."""
+
+    def warning(self, message: str) -> None:
+        MMLogger.get_current_instance().warning(message)
+
+
+class _MMEngineSide:
+    """What MMEngine's code reads on a wrapper beyond the shared API, and the logging.
+
+    Skipped steps and resume warnings go to MMEngine's current logger (the run's log).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.logger = _CurrentMMLogger()
+
+    @property
+    def message_hub(self) -> MessageHub:
+        """The current MMEngine ``MessageHub`` (where the update logs its scalars)."""
+        return MessageHub.get_current_instance()
+
+    @property
+    def _accumulative_counts(self) -> int:  # read by MMEngine's strategies
+        return self.accumulative_counts  # type: ignore[attr-defined]
+
+    @property
+    def _max_counts(self) -> int:
+        return self.max_counts  # type: ignore[attr-defined]
+
+    @property
+    def _remainder_counts(self) -> int:
+        total = self.max_counts  # type: ignore[attr-defined]
+        return -1 if total == -1 else total % self.accumulative_counts  # type: ignore
+
+    @property
+    def clip_grad_kwargs(self) -> Optional[Dict[str, Any]]:
+        """The clipping arguments without ``type`` (MMEngine's attribute), or None."""
+        clip = self.clip_grad  # type: ignore[attr-defined]
+        if clip is None:
+            return None
+        clip.pop('type')
+        return clip
+
+    def step(self, **kwargs: Any) -> None:
+        super().step(**kwargs)  # type: ignore[misc]
+        self._log_scalars()
+
+    def _log_scalars(self) -> None:
+        hub = self.message_hub
+        name = self.__dict__.get('_log_name')  # set by the dict: 'train/generator.loss_scale'
+        prefix = f'train/{name}.' if name else 'train/'
+        norm = self.grad_norm  # type: ignore[attr-defined]
+        if norm is not None and norm is not self.__dict__.get('_logged_norm'):
+            hub.update_scalar(f'{prefix}grad_norm', float(norm))  # a sync, as in MMEngine
+            self._logged_norm = norm
+        scale = getattr(self, 'loss_scale', None)
+        if scale is not None:
+            hub.update_scalar(f'{prefix}loss_scale', scale)
+
+
+class Fp16utilsOptimWrapper(_MMEngineSide, OptimWrapper, _MMOptimWrapper):
+    """:class:`fp16utils.OptimWrapper`, also an ``mmengine.optim.OptimWrapper``.
+
+    Example:
+        >>> import torch  # doctest: +SKIP
+        >>> w = Fp16utilsOptimWrapper(torch.optim.SGD(torch.nn.Linear(1, 1).parameters(),
+        ...                                           lr=0.1))  # doctest: +SKIP
+    """
+
+
+class Fp16utilsAmpOptimWrapper(_MMEngineSide, AmpOptimWrapper, _MMOptimWrapper):
+    """:class:`fp16utils.AmpOptimWrapper`, also an ``mmengine.optim.OptimWrapper``.
+
+    Unlike MMEngine's ``AmpOptimWrapper`` it runs on the CPU too, in float16 or
+    bfloat16, and logs ``train/loss_scale``.
+
+    Example:
+        >>> import torch  # doctest: +SKIP
+        >>> w = Fp16utilsAmpOptimWrapper(optimizer=torch.optim.SGD(
+        ...     torch.nn.Linear(1, 1).parameters(), lr=0.1), dtype='bfloat16')  # doctest: +SKIP
+    """
+
+
+class Fp16utilsOptimWrapperDict(OptimWrapperDict, _MMOptimWrapperDict):
+    """:class:`fp16utils.OptimWrapperDict`, also an ``mmengine.optim.OptimWrapperDict``.
+
+    Its entries may be MMEngine's own wrappers too. As in MMEngine,
+    ``initialize_count_status`` does nothing here: in MMEngine's Runner the
+    model's ``train_step`` drives each entry, possibly at different rates.
+
+    Example:
+        >>> import torch  # doctest: +SKIP
+        >>> d = Fp16utilsOptimWrapperDict(gen=Fp16utilsOptimWrapper(torch.optim.SGD(
+        ...     torch.nn.Linear(1, 1).parameters(), lr=0.1)))  # doctest: +SKIP
+    """
+
+    _entry_types = (OptimWrapper, _MMOptimWrapper)
+
+    def __init__(self, **wrappers: Any) -> None:
+        super().__init__(**wrappers)
+        for name, wrapper in wrappers.items():
+            if isinstance(wrapper, _MMEngineSide):
+                wrapper._log_name = name  # its scalars: 'train/<name>.loss_scale'
+
+    def initialize_count_status(self, model: nn.Module, init_counts: int,
+                                max_counts: int) -> None:
+        """Do nothing (MMEngine's behaviour); call it on each entry where needed."""
+
+
+#: Standard wrapper names that this package's constructors read as its own wrappers.
+_OWN = {None: Fp16utilsOptimWrapper, 'OptimWrapper': Fp16utilsOptimWrapper,
+        'AmpOptimWrapper': Fp16utilsAmpOptimWrapper}
+
+
+class Fp16utilsOptimWrapperConstructor:
+    """Build one wrapper: ``paramwise_cfg`` as MMEngine's default constructor applies it.
+
+    Args:
+        optim_wrapper_cfg: ``dict(type=..., optimizer=dict(type=..., lr=...), ...)``;
+            the optimizer type is looked up in MMEngine's ``OPTIMIZERS`` and the
+            wrapper type in ``OPTIM_WRAPPERS`` (``'OptimWrapper'``,
+            ``'AmpOptimWrapper'`` or none: this package's wrappers).
+        paramwise_cfg: The options of MMEngine's ``DefaultOptimWrapperConstructor``.
+
+    Example:
+        >>> from torch import nn  # doctest: +SKIP
+        >>> Fp16utilsOptimWrapperConstructor(dict(optimizer=dict(type='SGD', lr=0.1)))(
+        ...     nn.Linear(2, 1))  # doctest: +SKIP
+    """
+
+    def __init__(self, optim_wrapper_cfg: Dict[str, Any],
+                 paramwise_cfg: Optional[Dict[str, Any]] = None) -> None:
+        if not isinstance(optim_wrapper_cfg, dict):
+            raise TypeError(f'optim_wrapper should be a dict, got '
+                            f'{type(optim_wrapper_cfg).__name__}.')
+        if not isinstance(optim_wrapper_cfg.get('optimizer'), dict):
+            raise ValueError("optim_wrapper needs an 'optimizer' dict, e.g. "
+                             "optimizer=dict(type='SGD', lr=0.01).")
+        self.optim_wrapper_cfg = dict(optim_wrapper_cfg)
+        self.optimizer_cfg = dict(self.optim_wrapper_cfg.pop('optimizer'))
+        self.paramwise_cfg = check_paramwise_cfg(paramwise_cfg, self.optimizer_cfg,
+                                                 'optim_wrapper')
+
+    def __call__(self, model: nn.Module) -> _MMOptimWrapper:
+        model = getattr(model, 'module', model)
+        kwargs = dict(self.optimizer_cfg)
+        optimizer_cls = _lookup(OPTIMIZERS, kwargs.pop('type', None), 'optimizer')
+        params: Any = model.parameters()
+        if self.paramwise_cfg:
+            params = paramwise_groups(model, self.paramwise_cfg, kwargs.get('lr'),
+                                      kwargs.get('weight_decay'))
+        optimizer = optimizer_cls(params, **kwargs)
+        cfg = dict(self.optim_wrapper_cfg)
+        wtype = cfg.pop('type', None)
+        wrapper_cls = _OWN.get(wtype) if isinstance(wtype, (str, type(None))) else None
+        if wrapper_cls is None:
+            wrapper_cls = _lookup(OPTIM_WRAPPERS, wtype, 'wrapper')
+        if issubclass(wrapper_cls, AmpOptimWrapper):
+            cfg['model'] = model  # the legacy backend converts it
+        return wrapper_cls(optimizer=optimizer, **cfg)
+
+
+class Fp16utilsMultiOptimWrapperConstructor:
+    """One wrapper per sub-model (GANs), each with its own ``paramwise_cfg``.
+
+    Args:
+        optim_wrapper_cfg: ``{sub-model name: wrapper config}``.
+        paramwise_cfg: Must be None: give it inside each entry.
+
+    Example:
+        >>> from torch import nn  # doctest: +SKIP
+        >>> gan = nn.ModuleDict(dict(generator=nn.Linear(2, 2)))  # doctest: +SKIP
+        >>> Fp16utilsMultiOptimWrapperConstructor(dict(generator=dict(
+        ...     optimizer=dict(type='Adam', lr=1e-4))))(gan)  # doctest: +SKIP
+    """
+
+    def __init__(self, optim_wrapper_cfg: Dict[str, Any],
+                 paramwise_cfg: Optional[Dict[str, Any]] = None) -> None:
+        if paramwise_cfg is not None:
+            raise ValueError('Fp16utilsMultiOptimWrapperConstructor takes paramwise_cfg inside '
+                             'each sub-model config, not at the top.')
+        if not isinstance(optim_wrapper_cfg, dict) or not optim_wrapper_cfg:
+            raise ValueError('Fp16utilsMultiOptimWrapperConstructor needs one wrapper config '
+                             'per sub-model, e.g. generator=dict(optimizer=...).')
+        self.constructors = {}
+        for name, entry in optim_wrapper_cfg.items():
+            if not isinstance(entry, dict):
+                raise ValueError(f'optim_wrapper.{name} must be a wrapper config dict, got '
+                                 f'{entry!r}.')
+            entry = dict(entry)
+            self.constructors[name] = Fp16utilsOptimWrapperConstructor(
+                entry, entry.pop('paramwise_cfg', None))
+
+    def __call__(self, model: nn.Module) -> Fp16utilsOptimWrapperDict:
+        model = getattr(model, 'module', model)
+        children = dict(model.named_children())
+        missing = [name for name in self.constructors if name not in children]
+        if missing:
+            raise ValueError(f'optim_wrapper: the model ({type(model).__name__}) has no '
+                             f'sub-module(s) {missing}; its sub-modules are {list(children)}.')
+        return Fp16utilsOptimWrapperDict(**{
+            name: constructor(children[name]) for name, constructor in self.constructors.items()})
+
+
+def _lookup(registry: Any, name: Any, what: str) -> type:
+    if isinstance(name, type):
+        return name
+    cls = registry.get(name) if isinstance(name, str) else None
+    if cls is None:
+        raise ValueError(f'optim_wrapper: unknown {what} type {name!r} (not in MMEngine\'s '
+                         f'{registry.name} registry).')
+    return cls
+
+
+for _cls, _key in ((Fp16utilsOptimWrapper, 'OptimWrapper'),
+                   (Fp16utilsAmpOptimWrapper, 'AmpOptimWrapper'),
+                   (Fp16utilsOptimWrapperDict, 'OptimWrapperDict')):
+    OPTIM_WRAPPERS.register_module(name=PLUGIN_NAMES[_key], module=_cls, force=True)
+for _cls, _key in ((Fp16utilsOptimWrapperConstructor, 'DefaultOptimWrapperConstructor'),
+                   (Fp16utilsMultiOptimWrapperConstructor, 'MultiOptimWrapperConstructor')):
+    OPTIM_WRAPPER_CONSTRUCTORS.register_module(name=PLUGIN_NAMES[_key], module=_cls, force=True)
