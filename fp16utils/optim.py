@@ -75,8 +75,8 @@ SCALE_HISTORY_LEN = 64
 MIN_LOSS_SCALE = 1.0
 
 _Tensor = torch.Tensor
-_clip_grad_norm_ = torch.nn.utils.clip_grad_norm_
-_clip_grad_value_ = torch.nn.utils.clip_grad_value_
+_clip_grad_norm_ = _torch.clip_grad_norm_  # 'foreach' only where torch takes it
+_clip_grad_value_ = _torch.clip_grad_value_
 
 
 # --------------------------------------------------------------------------- loss scale
@@ -645,12 +645,12 @@ class _LegacyEngine(_ScaleRecord):
             src.append(grad)
             dst.append(mgrad)
         if dst:
-            torch._foreach_copy_(dst, src)
+            _torch.foreach_copy_(dst, src)
         return dst
 
     def copy_masters_to_model(self) -> None:
         with torch.no_grad():
-            torch._foreach_copy_(self.model_params, self.masters)
+            _torch.foreach_copy_(self.model_params, self.masters)
 
     def step(self, optimizer: torch.optim.Optimizer, clip: Optional[Callable[[], None]],
              step: int, kwargs: Mapping[str, Any]) -> bool:
@@ -694,7 +694,7 @@ class _LegacyEngine(_ScaleRecord):
         """Restore the float32 masters (None: re-read them from the model) and sync the model."""
         with torch.no_grad():
             if masters is None:
-                torch._foreach_copy_(self.masters, self.model_params)
+                _torch.foreach_copy_(self.masters, self.model_params)
                 return
             if len(masters) != len(self.masters) or any(
                     a.shape != b.shape for a, b in zip(masters, self.masters)):
@@ -702,8 +702,8 @@ class _LegacyEngine(_ScaleRecord):
                     f'{owner}: the saved master weights ({len(masters)} tensors) do not match '
                     f"this optimizer's {len(self.masters)} parameters; load a state saved "
                     'from the same model and optimizer.')
-            torch._foreach_copy_(self.masters, list(masters))
-            torch._foreach_copy_(self.model_params, self.masters)
+            _torch.foreach_copy_(self.masters, list(masters))
+            _torch.foreach_copy_(self.model_params, self.masters)
 
 
 _Engine = Union[_NativeEngine, _LegacyEngine]
@@ -1104,7 +1104,9 @@ class AmpOptimWrapper(OptimWrapper):
         super().__init__(optimizer, accumulative_counts, clip_grad)
         spec = _parse_loss_scale(loss_scale, owner)
         self.dtype: torch.dtype = _torch.resolve_dtype(dtype)
-        self.backend: str = _torch.resolve_backend(backend)
+        params = _flat_params(optimizer)
+        self.backend: str = _torch.backend_for(
+            backend, params[0].device.type if params else 'cpu', self.dtype)
         if model is not None and not isinstance(model, nn.Module):
             raise TypeError(f'{owner}: model must be an nn.Module, got {type(model).__name__}.')
         self._ctx_model: Optional[weakref.ref] = None
@@ -1311,7 +1313,7 @@ class _CastIO:
         return cast_tensor_type(output, self.dtype, torch.float32)
 
     def __enter__(self) -> None:
-        self.handles = (self.model.register_forward_pre_hook(self._pre, with_kwargs=True),
+        self.handles = (_torch.register_forward_pre_hook_with_kwargs(self.model, self._pre),
                         self.model.register_forward_hook(self._post))
 
     def __exit__(self, *exc: Any) -> None:

@@ -136,10 +136,17 @@ def wrap_fp16_model(model: nn.Module, dtype: Union[torch.dtype, str, None] = Non
         dtype: float16 (default) or bfloat16. It is recorded as ``fp16_dtype``
             on the flagged modules for the decorators (a module that already
             has an ``fp16_dtype`` keeps it unless ``dtype`` is given).
-        backend: ``'native'``, ``'legacy'`` or None for the default.
+        backend: ``'native'``, ``'legacy'`` or None for the default (which is
+            ``'legacy'`` where torch.autocast cannot run ``dtype`` on the model's
+            device but the kernels exist).
 
     Returns:
         ``model`` itself (modified in place).
+
+    Raises:
+        ValueError: When torch has no ``dtype`` kernels on the model's device
+            (the message names the dtype that works), or ``backend='native'``
+            cannot run ``dtype`` there.
 
     Example:
         >>> import torch
@@ -152,8 +159,12 @@ def wrap_fp16_model(model: nn.Module, dtype: Union[torch.dtype, str, None] = Non
     if not isinstance(model, nn.Module):
         raise TypeError(
             f'wrap_fp16_model() takes an nn.Module, got {type(model).__name__}.')
-    backend = _torch.resolve_backend(backend)
     low = _torch.resolve_dtype(dtype)
+    first = next(iter(model.parameters()), None)
+    if first is None:
+        first = next(iter(model.buffers()), None)
+    # None falls back to 'legacy' where torch.autocast cannot run low on that device.
+    backend = _torch.backend_for(backend, 'cpu' if first is None else first.device.type, low)
     if backend == 'legacy':
         model.to(low)
         patch_norm_fp32(model, low)

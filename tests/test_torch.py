@@ -6,12 +6,15 @@ import sys
 import textwrap
 import warnings
 
+import _caps  # tests/ is on sys.path: see conftest.py
 import pytest
 import torch
 from torch import nn
 
 import fp16utils
 from fp16utils import _torch
+
+LOW_DTYPES, LOW = _caps.LOW_DTYPES, _caps.LOW
 
 # --------------------------------------------------------------------------- versions
 
@@ -239,15 +242,15 @@ def _mm():
     return torch.mm(torch.ones(2, 2), torch.ones(2, 2))
 
 
-@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize('dtype', LOW_DTYPES)
 def test_autocast_for_cpu(dtype):
-    assert not torch.is_autocast_enabled('cpu')
+    assert not _cpu_state()[0]
     with _torch.autocast_for('cpu', dtype):
-        assert torch.is_autocast_enabled('cpu')
-        assert torch.get_autocast_dtype('cpu') == dtype
+        assert _cpu_state()[0]
+        assert _cpu_state()[1] == dtype
         assert _mm().dtype == dtype
         assert _torch.autocast_state('cpu') == (True, dtype)
-    assert not torch.is_autocast_enabled('cpu')
+    assert not _cpu_state()[0]
     assert _mm().dtype == torch.float32
 
 
@@ -259,11 +262,12 @@ def test_autocast_for_default_dtype():
 
 @pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16, None])
 def test_autocast_for_disabled_inside_outer(dtype):
+    # Any dtype, supported by autocast on the CPU or not: off is off.
     with torch.autocast('cpu', dtype=torch.bfloat16):
         with _torch.autocast_for('cpu', dtype, enabled=False):
-            assert not torch.is_autocast_enabled('cpu')
+            assert not _cpu_state()[0]
             assert _mm().dtype == torch.float32
-        assert torch.is_autocast_enabled('cpu')
+        assert _cpu_state()[0]
         assert _mm().dtype == torch.bfloat16
 
 
@@ -271,7 +275,7 @@ def test_autocast_for_old_torch(old_torch):
     ctx = _torch.autocast_for('cpu', torch.float16)
     assert isinstance(ctx, contextlib.nullcontext)
     with ctx:
-        assert not torch.is_autocast_enabled('cpu')
+        assert not _cpu_state()[0]
         assert _mm().dtype == torch.float32
 
 
@@ -297,14 +301,17 @@ def test_autocast_state_old_api(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter('ignore', DeprecationWarning)
         assert _torch.autocast_state('cpu')[0] is False
-        with torch.autocast('cpu', dtype=torch.float16):
-            assert _torch.autocast_state('cpu') == (True, torch.float16)
+        with torch.autocast('cpu', dtype=LOW):
+            assert _torch.autocast_state('cpu') == (True, LOW)
         assert _torch.autocast_state('cuda') == (False, torch.float16)
         assert _torch.autocast_state('some_device') == (False, None)
 
 
 def _cpu_state():
-    return torch.is_autocast_enabled('cpu'), torch.get_autocast_dtype('cpu')
+    """CPU autocast (enabled, dtype), read from torch directly (not through _torch)."""
+    if hasattr(torch, 'get_autocast_dtype'):  # per-device state calls
+        return torch.is_autocast_enabled('cpu'), torch.get_autocast_dtype('cpu')
+    return torch.is_autocast_cpu_enabled(), torch.get_autocast_cpu_dtype()
 
 
 def _state_probe():
@@ -316,15 +323,17 @@ def call_path(request, monkeypatch):
     """Both ways call_autocast works: per-device setters (torch >= 2.4), or the context."""
     if request.param == 'context':
         monkeypatch.setattr(_torch, '_HAS_DEVICE_AUTOCAST_STATE', False)
+    elif not _torch._HAS_DEVICE_AUTOCAST_STATE:
+        pytest.skip('torch has no per-device autocast state setters (set_autocast_dtype)')
     return request.param
 
 
 @pytest.mark.usefixtures('call_path')
-@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize('dtype', LOW_DTYPES)
 def test_call_autocast_enables(dtype):
     state, mm_dtype = _torch.call_autocast('cpu', dtype, True, _state_probe)
     assert state == (True, dtype) and mm_dtype == dtype
-    assert torch.is_autocast_enabled('cpu') is False
+    assert _cpu_state()[0] is False
     assert _mm().dtype == torch.float32
 
 
@@ -337,16 +346,17 @@ def test_call_autocast_passes_arguments_and_result():
 
 @pytest.mark.usefixtures('call_path')
 def test_call_autocast_disables_and_restores_outer():
-    with torch.autocast('cpu', dtype=torch.float16):
+    outer = LOW_DTYPES[0]  # float16 where CPU autocast has it: unlike the inner bfloat16
+    with torch.autocast('cpu', dtype=outer):
         state, mm_dtype = _torch.call_autocast('cpu', None, False, _state_probe)
         assert state[0] is False and mm_dtype == torch.float32
-        assert _cpu_state() == (True, torch.float16)
+        assert _cpu_state() == (True, outer)
         # dtype None inside an enabled region keeps the region's dtype.
         state, _ = _torch.call_autocast('cpu', None, True, _state_probe)
-        assert state == (True, torch.float16)
+        assert state == (True, outer)
         state, _ = _torch.call_autocast('cpu', torch.bfloat16, True, _state_probe)
         assert state == (True, torch.bfloat16)
-        assert _cpu_state() == (True, torch.float16)
+        assert _cpu_state() == (True, outer)
 
 
 @pytest.mark.usefixtures('call_path')
@@ -355,11 +365,11 @@ def test_call_autocast_restores_after_exception():
         raise LookupError('inside autocast')
 
     with pytest.raises(LookupError, match='inside autocast'):
-        _torch.call_autocast('cpu', torch.float16, True, boom)
-    assert torch.is_autocast_enabled('cpu') is False
+        _torch.call_autocast('cpu', LOW, True, boom)
+    assert _cpu_state()[0] is False
     with torch.autocast('cpu', dtype=torch.bfloat16):
         with pytest.raises(LookupError):
-            _torch.call_autocast('cpu', torch.float16, False, boom)
+            _torch.call_autocast('cpu', LOW, False, boom)
         assert _cpu_state() == (True, torch.bfloat16)
         assert _mm().dtype == torch.bfloat16
 
@@ -369,7 +379,7 @@ def test_call_autocast_unsupported_dtype_runs_without_autocast():
         warnings.simplefilter('ignore', UserWarning)  # torch warns about the dtype
         state, mm_dtype = _torch.call_autocast('cpu', torch.float64, True, _state_probe)
     assert state[0] is False and mm_dtype == torch.float32
-    assert torch.is_autocast_enabled('cpu') is False
+    assert _cpu_state()[0] is False
 
 
 def test_call_autocast_old_torch(old_torch):
@@ -381,6 +391,8 @@ def test_call_autocast_old_torch(old_torch):
 
 
 def test_make_grad_scaler_cpu_works():
+    if not _torch.grad_scaler_supports('cpu'):
+        pytest.skip('torch has no GradScaler for cpu here (torch.amp.GradScaler(device))')
     scaler = _torch.make_grad_scaler('cpu', init_scale=256.0, growth_factor=4.0,
                                      backoff_factor=0.25, growth_interval=3)
     assert isinstance(scaler, torch.amp.GradScaler)
@@ -468,14 +480,14 @@ def test_use_emits_no_deprecation_warning(no_backend_env):
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter('always')
-        for dtype in (torch.float16, torch.bfloat16):
+        for dtype in LOW_DTYPES:
             net = fp16utils.wrap_fp16_model(Net(), dtype=dtype)
             out = net(torch.ones(2, 4))
             out.sum().backward()
             with _torch.autocast_for('cpu', dtype):
                 _mm()
             _torch.autocast_state('cpu')
-        _torch.make_grad_scaler('cpu')
+        _torch.make_grad_scaler('cpu', enabled=_torch.grad_scaler_supports('cpu'))
         fp16utils.LossScaler().has_overflow(net.parameters())
     assert out.dtype == torch.float32
     bad = [f'{w.category.__name__}: {w.message}' for w in caught

@@ -1,0 +1,63 @@
+"""What the installed torch supports on the CPU, for tests to pick dtypes and expectations.
+
+Tests never compare torch version numbers: they ask :mod:`fp16utils._torch`
+(which tries things) and skip with the name of the missing capability.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import pytest
+import torch
+
+from fp16utils import _torch
+
+F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
+NAMES = {F16: 'float16', BF16: 'bfloat16'}
+
+
+def cpu_lacks(dtype: torch.dtype, backend: Optional[str] = None,
+              scaled: bool = True) -> Optional[str]:
+    """Why the CPU cannot train in ``dtype`` with ``backend`` here (None: it can).
+
+    ``backend=None`` asks only for the kernels (what the legacy backend needs);
+    ``'native'`` also for torch.autocast and, for float16 with ``scaled``, a
+    CPU GradScaler.
+    """
+    name = NAMES[dtype]
+    if not _torch.kernels_support('cpu', dtype):
+        return f'torch has no {name} matrix kernels on cpu here'
+    if backend == 'native':
+        if not _torch.autocast_supports('cpu', dtype):
+            return f'torch.autocast does not support {name} on cpu here'
+        if scaled and _torch.needs_loss_scaling(dtype) and not _torch.grad_scaler_supports(
+                'cpu'):
+            return 'torch has no GradScaler for cpu here (torch.amp.GradScaler(device))'
+    return None
+
+
+def require(dtype: torch.dtype, backend: Optional[str] = None, scaled: bool = True) -> None:
+    """Skip the calling test, naming the missing capability, unless the CPU can do it."""
+    why = cpu_lacks(dtype, backend, scaled)
+    if why is not None:
+        pytest.skip(why)
+
+
+def native_or_legacy(backend: str, dtype: torch.dtype = F16) -> None:
+    """:func:`require` for a test parametrized by backend ('torch-1.5' simulates legacy)."""
+    require(dtype, 'native' if backend == 'native' else None)
+
+
+#: The low-precision dtypes torch.autocast runs on the CPU here, float16 first.
+LOW_DTYPES = [d for d in (F16, BF16) if cpu_lacks(d, 'native', scaled=False) is None]
+#: The low dtype of CPU tests that are not about one dtype: float16 where autocast
+#: has it on the CPU, else bfloat16.
+LOW = LOW_DTYPES[0]
+#: float16 training with loss scaling works on the CPU (native or legacy).
+CPU_F16 = cpu_lacks(F16) is None
+
+
+def autocast_now(device_type: str = 'cpu') -> tuple:
+    """(enabled, dtype) of autocast on the device, as code running now sees it."""
+    return _torch.autocast_state(device_type)
