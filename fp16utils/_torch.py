@@ -28,6 +28,7 @@ __all__ = [
     'BACKENDS',
     'TORCH_VERSION',
     'autocast_for',
+    'autocast_norms_support',
     'autocast_supports',
     'backend_for',
     'capability_rows',
@@ -492,6 +493,9 @@ _AMP_GRAD_SCALER = getattr(getattr(torch, 'amp', None), 'GradScaler', None)  # >
 #      is the legacy backend: the model converted by hand, norms in float32,
 #      float32 master weights and LossScaler. backend='native' asked explicitly
 #      is an error that says so.
+#   4. The automatic choice is also the legacy backend where autocast cannot run
+#      float32 GroupNorm/LayerNorm on low-precision inputs (bfloat16 on the CPU of
+#      older torch); an explicit 'native' is allowed there (a model may have none).
 # =============================================================================
 
 _LOW_NAMES = {torch.float16: 'float16', torch.bfloat16: 'bfloat16'}
@@ -585,6 +589,29 @@ def autocast_supports(device_type: str, dtype: torch.dtype) -> bool:
             _restore_autocast_state(device_type, before)
         return inside[1] in (None, dtype)
     return _cached_probe('autocast', device_type, dtype, probe)
+
+
+def autocast_norms_support(device_type: str, dtype: torch.dtype) -> bool:
+    """Whether GroupNorm and LayerNorm take ``dtype`` inputs with float32 weights in autocast.
+
+    That is what a model's float32 norm layers see under autocast; where it
+    fails (bfloat16 on the CPU of older torch), the automatic backend choice
+    is the legacy one, which runs those norms in float32.
+
+    Example:
+        >>> isinstance(autocast_norms_support('cpu', torch.bfloat16), bool)
+        True
+    """
+    def probe() -> bool:
+        if not autocast_supports(device_type, dtype):
+            return False
+        x = torch.ones(2, 4, 3, dtype=dtype, device=device_type)
+        w4, w3 = (torch.ones(n, device=device_type) for n in (4, 3))
+        with torch.autocast(device_type=device_type, dtype=dtype):
+            torch.nn.functional.group_norm(x, 2, w4, torch.zeros_like(w4))
+            torch.nn.functional.layer_norm(x, (3,), w3, torch.zeros_like(w3))
+        return True
+    return _cached_probe('autocast_norms', device_type, dtype, probe)
 
 
 def _restore_autocast_state(device_type: str, state: tuple[bool, Any]) -> None:
@@ -692,19 +719,23 @@ def check_dtype(device_type: str, dtype: torch.dtype) -> None:
         f'{name} matrix multiply kernels there; {hint}.')
 
 
-def backend_for(backend: Optional[str], device_type: str, dtype: torch.dtype) -> str:
+def backend_for(backend: Optional[str], device_type: str, dtype: torch.dtype, *,
+                can_convert: bool = True) -> str:
     """Choose the backend that trains ``dtype`` on ``device_type``.
 
     ``None`` takes the process default (:func:`default_backend`), then falls
     back to ``'legacy'`` where the native backend cannot run the pair
-    (:func:`native_reason`) but the kernels exist. An explicit ``'native'``
-    that cannot run is an error, and so is a dtype torch cannot compute in on
-    that device (:func:`check_dtype`).
+    (:func:`native_reason`) or autocast cannot feed float32 norms with it
+    (:func:`autocast_norms_support`), but the kernels exist. An explicit
+    ``'native'`` that cannot run is an error, and so is a dtype torch cannot
+    compute in on that device (:func:`check_dtype`).
 
     Args:
         backend: ``'native'``, ``'legacy'`` or None.
         device_type: Where the model's parameters live.
         dtype: The low-precision dtype.
+        can_convert: False where the caller has no model to convert: then
+            the legacy backend is chosen only when native cannot run at all.
 
     Returns:
         ``'native'`` or ``'legacy'``.
@@ -722,7 +753,11 @@ def backend_for(backend: Optional[str], device_type: str, dtype: torch.dtype) ->
         return chosen
     why = native_reason(device_type, dtype)
     if why is None:
-        return chosen
+        # An explicit 'native' is allowed without mixed norms (the model may have none).
+        if backend == 'native' or not can_convert or autocast_norms_support(device_type,
+                                                                             dtype):
+            return chosen
+        return 'legacy'
     if backend == 'native':
         other = [d for d in _LOW_PRECISION
                  if d != dtype and native_reason(device_type, d) is None
@@ -748,7 +783,8 @@ def capability_rows(device_type: str) -> list[tuple[str, str]]:
     rows = []
     for dtype in _LOW_PRECISION:
         parts = [f'kernels {yes(kernels_support(device_type, dtype))}',
-                 f'autocast {yes(has_native_amp() and autocast_supports(device_type, dtype))}']
+                 f'autocast {yes(has_native_amp() and autocast_supports(device_type, dtype))}',
+                 f'autocast float32 norms {yes(autocast_norms_support(device_type, dtype))}']
         if needs_loss_scaling(dtype):
             parts.append(f'GradScaler {yes(grad_scaler_supports(device_type))}')
         parts.append(f'fused overflow check {yes(fused_check_supports(device_type, dtype))}')

@@ -5,9 +5,9 @@ Example:
     >>> from torch import nn
     >>> from fp16utils import wrap_fp16_model
     >>> model = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))
-    >>> model = wrap_fp16_model(model, backend='legacy')
+    >>> model = wrap_fp16_model(model, dtype=torch.bfloat16, backend='legacy')
     >>> model[0].weight.dtype, model[1].weight.dtype
-    (torch.float16, torch.float32)
+    (torch.bfloat16, torch.float32)
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ def wrap_fp16_model(model: nn.Module, dtype: Union[torch.dtype, str, None] = Non
         >>> from torch import nn
         >>> class Net(nn.Linear):
         ...     fp16_enabled = False
-        >>> wrap_fp16_model(Net(2, 2)).fp16_enabled
+        >>> wrap_fp16_model(Net(2, 2), dtype=torch.bfloat16).fp16_enabled
         True
     """
     if not isinstance(model, nn.Module):

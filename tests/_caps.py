@@ -61,3 +61,30 @@ CPU_F16 = cpu_lacks(F16) is None
 def autocast_now(device_type: str = 'cpu') -> tuple:
     """(enabled, dtype) of autocast on the device, as code running now sees it."""
     return _torch.autocast_state(device_type)
+
+
+#: The low dtypes the legacy backend trains in on the CPU here (it needs the kernels only).
+LEGACY_DTYPES = [d for d in (F16, BF16) if cpu_lacks(d) is None]
+#: The dtype of CPU tests of the legacy backend that are not about one dtype.
+LEGACY_LOW = LEGACY_DTYPES[0]
+
+
+def auto_backend(dtype: torch.dtype) -> Optional[str]:
+    """The backend ``backend=None`` picks on the CPU for ``dtype`` (None: unusable)."""
+    if cpu_lacks(dtype) is not None:
+        return None
+    if _torch.native_reason('cpu', dtype) is not None:
+        return 'legacy'
+    return 'native' if _torch.autocast_norms_support('cpu', dtype) else 'legacy'
+
+
+#: The dtypes in which a model with float32 norm layers runs natively on the CPU here.
+AUTO_NATIVE = [d for d in LOW_DTYPES if _torch.autocast_norms_support('cpu', d)]
+
+
+def native_norm_dtype() -> torch.dtype:
+    """A dtype in which autocast feeds float32 GroupNorm/LayerNorm on the CPU, else skip."""
+    if not AUTO_NATIVE:
+        pytest.skip('torch.autocast on cpu cannot run float32 GroupNorm/LayerNorm on '
+                    f'{", ".join(NAMES[d] for d in LOW_DTYPES)} inputs here')
+    return AUTO_NATIVE[0]
