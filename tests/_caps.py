@@ -88,3 +88,21 @@ def native_norm_dtype() -> torch.dtype:
         pytest.skip('torch.autocast on cpu cannot run float32 GroupNorm/LayerNorm on '
                     f'{", ".join(NAMES[d] for d in LOW_DTYPES)} inputs here')
     return AUTO_NATIVE[0]
+
+
+#: The low dtypes the native backend trains in on the CPU here (float16: with a GradScaler).
+NATIVE_DTYPES = [d for d in (F16, BF16) if cpu_lacks(d, 'native') is None]
+
+
+def train_dtype(backend: Optional[str] = None) -> torch.dtype:
+    """float16 where the CPU trains in it with ``backend`` here, else bfloat16, else skip.
+
+    For tests that are about a backend, not about one dtype. ``backend`` None
+    or ``'legacy'`` needs the kernels only; ``'native'`` also autocast (and a
+    GradScaler for float16).
+    """
+    native = 'native' if backend == 'native' else None
+    for dtype in (F16, BF16):
+        if cpu_lacks(dtype, native) is None:
+            return dtype
+    pytest.skip(cpu_lacks(BF16, native) or 'no low-precision dtype on cpu here')
