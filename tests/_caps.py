@@ -106,3 +106,11 @@ def train_dtype(backend: Optional[str] = None) -> torch.dtype:
         if cpu_lacks(dtype, native) is None:
             return dtype
     pytest.skip(cpu_lacks(BF16, native) or 'no low-precision dtype on cpu here')
+
+
+def require_native_norms(dtype: torch.dtype) -> None:
+    """Skip unless autocast runs ``dtype`` on the CPU and feeds float32 norm layers with it."""
+    require(dtype, 'native', scaled=False)
+    if not _torch.autocast_norms_support('cpu', dtype):
+        pytest.skip('torch.autocast on cpu cannot run float32 GroupNorm/LayerNorm on '
+                    f'{NAMES[dtype]} inputs here')
