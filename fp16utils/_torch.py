@@ -493,9 +493,10 @@ _AMP_GRAD_SCALER = getattr(getattr(torch, 'amp', None), 'GradScaler', None)  # >
 #      is the legacy backend: the model converted by hand, norms in float32,
 #      float32 master weights and LossScaler. backend='native' asked explicitly
 #      is an error that says so.
-#   4. The automatic choice is also the legacy backend where autocast cannot run
-#      float32 GroupNorm/LayerNorm on low-precision inputs (bfloat16 on the CPU of
-#      older torch); an explicit 'native' is allowed there (a model may have none).
+#   4. The automatic choice is also the legacy backend for a model with GroupNorm or
+#      LayerNorm layers where autocast cannot run them (float32 weights) on
+#      low-precision inputs (bfloat16 on the CPU of older torch); an explicit
+#      'native' is allowed there.
 # =============================================================================
 
 _LOW_NAMES = {torch.float16: 'float16', torch.bfloat16: 'bfloat16'}
@@ -719,14 +720,15 @@ def check_dtype(device_type: str, dtype: torch.dtype) -> None:
         f'{name} matrix multiply kernels there; {hint}.')
 
 
-def backend_for(backend: Optional[str], device_type: str, dtype: torch.dtype, *,
-                can_convert: bool = True) -> str:
+def backend_for(backend: Optional[str], device_type: str, dtype: torch.dtype,
+                model: Optional[torch.nn.Module] = None) -> str:
     """Choose the backend that trains ``dtype`` on ``device_type``.
 
     ``None`` takes the process default (:func:`default_backend`), then falls
     back to ``'legacy'`` where the native backend cannot run the pair
-    (:func:`native_reason`) or autocast cannot feed float32 norms with it
-    (:func:`autocast_norms_support`), but the kernels exist. An explicit
+    (:func:`native_reason`), or where ``model`` has GroupNorm/LayerNorm layers
+    and autocast cannot feed them float32 weights with ``dtype`` inputs
+    (:func:`autocast_norms_support`), provided the kernels exist. An explicit
     ``'native'`` that cannot run is an error, and so is a dtype torch cannot
     compute in on that device (:func:`check_dtype`).
 
@@ -734,8 +736,9 @@ def backend_for(backend: Optional[str], device_type: str, dtype: torch.dtype, *,
         backend: ``'native'``, ``'legacy'`` or None.
         device_type: Where the model's parameters live.
         dtype: The low-precision dtype.
-        can_convert: False where the caller has no model to convert: then
-            the legacy backend is chosen only when native cannot run at all.
+        model: The model to train, if the caller has one (the legacy backend
+            converts it; without it, legacy is chosen only where native cannot
+            run at all).
 
     Returns:
         ``'native'`` or ``'legacy'``.
@@ -754,8 +757,8 @@ def backend_for(backend: Optional[str], device_type: str, dtype: torch.dtype, *,
     why = native_reason(device_type, dtype)
     if why is None:
         # An explicit 'native' is allowed without mixed norms (the model may have none).
-        if backend == 'native' or not can_convert or autocast_norms_support(device_type,
-                                                                             dtype):
+        if backend == 'native' or model is None or not _has_norms(model) or (
+                autocast_norms_support(device_type, dtype)):
             return chosen
         return 'legacy'
     if backend == 'native':
@@ -768,6 +771,11 @@ def backend_for(backend: Optional[str], device_type: str, dtype: torch.dtype, *,
             f"{why}; use backend='legacy' (half model, float32 master weights) or "
             f'backend=None, which falls back to it{also}.')
     return 'legacy'
+
+
+def _has_norms(model: torch.nn.Module) -> bool:
+    norms = (torch.nn.GroupNorm, torch.nn.LayerNorm)
+    return any(isinstance(m, norms) for m in model.modules())
 
 
 def capability_rows(device_type: str) -> list[tuple[str, str]]:
@@ -789,7 +797,10 @@ def capability_rows(device_type: str) -> list[tuple[str, str]]:
             parts.append(f'GradScaler {yes(grad_scaler_supports(device_type))}')
         parts.append(f'fused overflow check {yes(fused_check_supports(device_type, dtype))}')
         try:
-            parts.append(f'-> {backend_for(None, device_type, dtype)} backend')
+            backend = backend_for(None, device_type, dtype)
+            with_norms = backend_for(None, device_type, dtype, _NORMS_MODEL)
+            parts.append(f'-> {backend} backend' if backend == with_norms else
+                         f'-> {backend} backend ({with_norms} for models with Group/LayerNorm)')
         except ValueError:
             parts.append(f'-> unusable (no {_LOW_NAMES[dtype]} kernels)')
         rows.append((_LOW_NAMES[dtype], ', '.join(parts)))
@@ -922,3 +933,5 @@ _clip_value = torch.nn.utils.clip_grad_value_
 _CLIP_NORM_ARGS = _parameter_names(_clip_norm)
 _CLIP_VALUE_ARGS = _parameter_names(_clip_value)
 _PRE_HOOK_KWARGS = 'with_kwargs' in _parameter_names(torch.nn.Module.register_forward_pre_hook)
+
+_NORMS_MODEL = torch.nn.GroupNorm(1, 1)

@@ -272,7 +272,8 @@ class Fp16OptimizerHook:
             # Now that the device is known: legacy where native cannot run the dtype there.
             first = _flat_params(optimizer)[:1]
             backend = _torch.backend_for(self._backend_arg,
-                                         first[0].device.type if first else 'cpu', self.dtype)
+                                         first[0].device.type if first else 'cpu', self.dtype,
+                                         model)
             if backend != self.backend:
                 self.backend = backend
                 self._spec = _parse_loss_scale(self._loss_scale_arg, owner, _MMCV_DYNAMIC

@@ -1106,8 +1106,7 @@ class AmpOptimWrapper(OptimWrapper):
         self.dtype: torch.dtype = _torch.resolve_dtype(dtype)
         params = _flat_params(optimizer)
         self.backend: str = _torch.backend_for(
-            backend, params[0].device.type if params else 'cpu', self.dtype,
-            can_convert=model is not None)
+            backend, params[0].device.type if params else 'cpu', self.dtype, model)
         if model is not None and not isinstance(model, nn.Module):
             raise TypeError(f'{owner}: model must be an nn.Module, got {type(model).__name__}.')
         self._ctx_model: Optional[weakref.ref] = None

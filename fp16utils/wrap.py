@@ -163,8 +163,9 @@ def wrap_fp16_model(model: nn.Module, dtype: Union[torch.dtype, str, None] = Non
     first = next(iter(model.parameters()), None)
     if first is None:
         first = next(iter(model.buffers()), None)
-    # None falls back to 'legacy' where torch.autocast cannot run low on that device.
-    backend = _torch.backend_for(backend, 'cpu' if first is None else first.device.type, low)
+    # None falls back to 'legacy' where autocast cannot run low (or this model's norms) there.
+    backend = _torch.backend_for(backend, 'cpu' if first is None else first.device.type, low,
+                                 model)
     if backend == 'legacy':
         model.to(low)
         patch_norm_fp32(model, low)

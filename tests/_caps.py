@@ -114,3 +114,18 @@ def require_native_norms(dtype: torch.dtype) -> None:
     if not _torch.autocast_norms_support('cpu', dtype):
         pytest.skip('torch.autocast on cpu cannot run float32 GroupNorm/LayerNorm on '
                     f'{NAMES[dtype]} inputs here')
+
+
+def on_this_cpu(cfg: dict) -> dict:
+    """An ``optim_wrapper`` config as this CPU builds it: float16 AmpOptimWrappers (the
+    default dtype) in the dtype :func:`train_dtype` picks for the native backend."""
+    if cpu_lacks(F16, 'native') is None:
+        return cfg
+
+    def fix(entry):
+        if (isinstance(entry, dict) and entry.get('type') == 'AmpOptimWrapper'
+                and entry.get('dtype') in (None, 'float16', F16)):
+            return dict(entry, dtype=train_dtype('native'))
+        return entry
+
+    return {key: fix(value) for key, value in fix(cfg).items()}
