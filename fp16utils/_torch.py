@@ -58,7 +58,7 @@ __all__ = [
 ]
 
 #: The running torch version string, e.g. ``'2.13.0+cpu'``. Tests patch it.
-TORCH_VERSION: str = torch.__version__
+TORCH_VERSION: str = str(torch.__version__)  # a plain str (dynamo hashes it as a key)
 
 #: Environment variable that forces a backend for the whole process.
 BACKEND_ENV = 'FP16UTILS_BACKEND'
@@ -459,6 +459,9 @@ def group_by_device_and_dtype(
         return []
     if _c_group is not None:
         grouped = _c_group([list(tensors)], False)
+        if _C_GROUP_NAMES_DTYPES:  # some torch keys the groups by the dtype's name
+            return [((key[0], getattr(torch, key[1])), value[0][0])
+                    for key, value in grouped.items()]
         return [(key, value[0][0]) for key, value in grouped.items()]
     groups: dict[tuple[Any, Any], list[torch.Tensor]] = {}
     for t in tensors:
@@ -467,6 +470,8 @@ def group_by_device_and_dtype(
 
 
 _c_group = getattr(torch._C, '_group_tensors_by_device_and_dtype', None)
+_C_GROUP_NAMES_DTYPES = _c_group is not None and isinstance(
+    next(iter(_c_group([[torch.ones(1)]], False)))[1], str)
 # Feature flags (what the installed torch has, whatever TORCH_VERSION says).
 _HAS_DEVICE_AUTOCAST = hasattr(torch, 'autocast')  # torch >= 1.10
 _HAS_DEVICE_AUTOCAST_STATE = hasattr(torch, 'get_autocast_dtype')  # torch >= 2.4

@@ -424,6 +424,7 @@ def dist_main(rank: int, world_size: int, init_file: str, out_dir: str,
         status = EXIT_FAILED
     torch.save(results, os.path.join(out_dir, f'rank{rank}.pt'))
     if status == 0:
+        dist.barrier()  # no rank tears the group down while another still uses it
         dist.destroy_process_group()
     return status
 
