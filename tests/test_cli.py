@@ -101,8 +101,17 @@ def test_env_reports_torch_backend_and_cpu_dtypes():
     out = proc.stdout
     assert torch.__version__ in out
     assert 'native' in out and 'native AMP' in out
-    cpu_block = out.split('device cpu', 1)[1].splitlines()[1]
-    assert 'float16' in cpu_block and 'bfloat16' in cpu_block
+    cpu_lines = out.split('device cpu', 1)[1].splitlines()
+    autocast = cpu_lines[1].split('autocast dtypes', 1)[1].split(',')
+    assert [d.strip() for d in autocast] == [_caps.NAMES[d] for d in _caps.LOW_DTYPES]
+    # One row per dtype: what torch supports, and the backend it leads to (or why none).
+    from fp16utils import _torch
+    rows = {ln.split()[0]: ln.split(None, 1)[1] for ln in cpu_lines[2:4]}
+    assert rows == dict(_torch.capability_rows('cpu'))
+    for dtype in (torch.float16, torch.bfloat16):
+        text = rows[_caps.NAMES[dtype]]
+        assert f'kernels {"no" if _caps.cpu_lacks(dtype) else "yes"}' in text
+        assert ('unusable' in text) == (_caps.cpu_lacks(dtype) is not None)
     assert proc.stderr == ''
 
 
