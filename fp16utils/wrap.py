@@ -137,8 +137,9 @@ def wrap_fp16_model(model: nn.Module, dtype: Union[torch.dtype, str, None] = Non
             on the flagged modules for the decorators (a module that already
             has an ``fp16_dtype`` keeps it unless ``dtype`` is given).
         backend: ``'native'``, ``'legacy'`` or None for the default (which is
-            ``'legacy'`` where torch.autocast cannot run ``dtype`` on the model's
-            device but the kernels exist).
+            ``'legacy'`` where torch.autocast cannot run ``dtype``, or the model's
+            GroupNorm/LayerNorm in it, on the model's device but the kernels
+            exist: see ``fp16utils._torch.backend_for``).
 
     Returns:
         ``model`` itself (modified in place).
