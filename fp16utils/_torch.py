@@ -579,6 +579,10 @@ def autocast_supports(device_type: str, dtype: torch.dtype) -> bool:
         >>> autocast_supports('cpu', torch.bfloat16)
         True
     """
+    ok = _probe_cache.get(('autocast', device_type, dtype))  # the per-call fast path
+    if ok is not None:
+        return ok
+
     def probe() -> bool:
         if not device_present(device_type):
             return False
