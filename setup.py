@@ -17,11 +17,11 @@ setup(
     long_description=(HERE / 'README.md').read_text(encoding='utf-8'),
     long_description_content_type='text/markdown',
     license='Apache-2.0',
-    python_requires='>=3.9',
+    python_requires='>=3.8',
     packages=find_packages(include=['fp16utils', 'fp16utils.*']),
     package_data={'fp16utils': ['py.typed']},
     install_requires=[
-        'torch>=2.4',
+        'torch>=1.13',  # what each torch can do is asked at run time (fp16utils._torch)
         'numpy',
         'packaging',
     ],

@@ -41,7 +41,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def cmd_env(args: argparse.Namespace, out: TextIO) -> int:
-    """Print the torch version, backend, devices and supported dtypes."""
+    """Print the torch version, backend, and per device what torch supports in each dtype."""
     import torch
 
     from . import __version__, _torch
@@ -53,9 +53,10 @@ def cmd_env(args: argparse.Namespace, out: TextIO) -> int:
     ]
     for device_type, name in _devices():
         dtypes = [str(d).replace('torch.', '') for d in (torch.float16, torch.bfloat16)
-                  if _torch.has_native_amp() and _torch._autocast_supported(device_type, d)]
+                  if _torch.has_native_amp() and _torch.autocast_supports(device_type, d)]
         rows.append((f'device {device_type}', name))
         rows.append(('  autocast dtypes', ', '.join(dtypes) or 'none'))
+        rows.extend((f'  {dtype}', what) for dtype, what in _torch.capability_rows(device_type))
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         out.write(f'{key.ljust(width)}  {value}\n')

@@ -23,6 +23,7 @@ from typing import Optional, Sequence, TextIO
 import torch
 from torch import nn
 
+from . import _torch
 from .optim import AmpOptimWrapper, OptimWrapper
 
 __all__ = ['MODES', 'ModeResult', 'plot_results', 'run_demo']
@@ -165,7 +166,8 @@ def run_demo(device: str = 'cpu', steps: int = 200, seed: int = 0, progress: boo
         seed: Seed of the data and the initial weights (the same for every mode).
         progress: Draw a progress bar on stderr (else one line per mode).
         out: Where the table goes (default stdout).
-        modes: Which of :data:`MODES` to run.
+        modes: Which of :data:`MODES` to run; a mode this torch cannot run on
+            the device is left out with a one-line reason.
 
     Returns:
         One :class:`ModeResult` per mode.
@@ -182,6 +184,11 @@ def run_demo(device: str = 'cpu', steps: int = 200, seed: int = 0, progress: boo
     if unknown:
         raise ValueError(f'Unknown demo mode(s) {unknown}; expected some of {list(MODES)}.')
     dev = torch.device(device)
+    left_out = [(m, _why_not(m, dev.type)) for m in modes]
+    for mode, why in left_out:
+        if why is not None:
+            out.write(f'left out {mode}: {why}\n')
+    modes = [m for m, why in left_out if why is None]
     batches = _task(dev, steps, seed)
     bar = _Progress(steps * len(modes), sys.stderr) if progress else None
     results = []
@@ -194,11 +201,23 @@ def run_demo(device: str = 'cpu', steps: int = 200, seed: int = 0, progress: boo
         results.append(_train(mode, dev, batches, seed, bar))
     if bar is not None:
         bar.close()
-    base = results[0].steps_per_s if results[0].mode == 'fp32' else None
+    base = results[0].steps_per_s if results and results[0].mode == 'fp32' else None
     for r in results:
         r.speedup = r.steps_per_s / base if base else math.nan
     out.write(_table(results, device))
     return results
+
+
+def _why_not(mode: str, device_type: str) -> Optional[str]:
+    """Why this torch cannot run ``mode`` on the device type (None: it can)."""
+    kind, dtype, backend = MODES[mode]
+    if kind == 'plain' or dtype is None:
+        return None
+    try:
+        _torch.backend_for(backend, device_type, dtype)
+    except ValueError as err:
+        return str(err)
+    return None
 
 
 def _table(results: list[ModeResult], device: str) -> str:

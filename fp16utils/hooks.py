@@ -150,7 +150,7 @@ def _allreduce_grads(params: List[Any], coalesce: bool = True,
             flat = _flatten_dense_tensors(bucket)
             dist.all_reduce(flat)
             flat.div_(world_size)
-            torch._foreach_copy_(bucket, list(_unflatten_dense_tensors(flat, bucket)))
+            _torch.foreach_copy_(bucket, list(_unflatten_dense_tensors(flat, bucket)))
     else:
         flags = torch.tensor(present or [True] * len(params), dtype=torch.float32,
                              device=params[0].device)
@@ -221,6 +221,7 @@ class Fp16OptimizerHook:
         self.dtype = _torch.resolve_dtype(dtype)
         dynamic = TORCH_DYNAMIC if self.backend == 'native' else MMCV_DYNAMIC
         self._spec = parse_loss_scale(loss_scale, owner, dynamic)
+        self._backend_arg, self._loss_scale_arg = backend, loss_scale
         self.coalesce = bool(coalesce)
         self.bucket_size_mb = bucket_size_mb
         self.distributed = bool(distributed)
@@ -263,6 +264,16 @@ class Fp16OptimizerHook:
         optimizer = runner.optimizer
         model = runner.model
         engine = self._engine
+        if engine is None or optimizer is not self._optimizer:
+            # Now that the device is known: legacy where native cannot run the dtype there.
+            first = flat_params(optimizer)[:1]
+            backend = _torch.backend_for(self._backend_arg,
+                                         first[0].device.type if first else 'cpu', self.dtype,
+                                         model)
+            if backend != self.backend:
+                self.backend = backend
+                self._spec = parse_loss_scale(self._loss_scale_arg, owner, MMCV_DYNAMIC
+                                              if backend == 'legacy' else TORCH_DYNAMIC)
         if engine is not None and optimizer is self._optimizer:
             pass  # a second run with the same optimizer: already prepared
         elif self.backend == 'legacy':

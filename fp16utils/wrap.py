@@ -5,9 +5,9 @@ Example:
     >>> from torch import nn
     >>> from fp16utils import wrap_fp16_model
     >>> model = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))
-    >>> model = wrap_fp16_model(model, backend='legacy')
+    >>> model = wrap_fp16_model(model, dtype=torch.bfloat16, backend='legacy')
     >>> model[0].weight.dtype, model[1].weight.dtype
-    (torch.float16, torch.float32)
+    (torch.bfloat16, torch.float32)
 """
 
 from __future__ import annotations
@@ -136,24 +136,37 @@ def wrap_fp16_model(model: nn.Module, dtype: Union[torch.dtype, str, None] = Non
         dtype: float16 (default) or bfloat16. It is recorded as ``fp16_dtype``
             on the flagged modules for the decorators (a module that already
             has an ``fp16_dtype`` keeps it unless ``dtype`` is given).
-        backend: ``'native'``, ``'legacy'`` or None for the default.
+        backend: ``'native'``, ``'legacy'`` or None for the default (which is
+            ``'legacy'`` where torch.autocast cannot run ``dtype``, or the model's
+            GroupNorm/LayerNorm in it, on the model's device but the kernels
+            exist: see ``fp16utils._torch.backend_for``).
 
     Returns:
         ``model`` itself (modified in place).
+
+    Raises:
+        ValueError: When torch has no ``dtype`` kernels on the model's device
+            (the message names the dtype that works), or ``backend='native'``
+            cannot run ``dtype`` there.
 
     Example:
         >>> import torch
         >>> from torch import nn
         >>> class Net(nn.Linear):
         ...     fp16_enabled = False
-        >>> wrap_fp16_model(Net(2, 2)).fp16_enabled
+        >>> wrap_fp16_model(Net(2, 2), dtype=torch.bfloat16).fp16_enabled
         True
     """
     if not isinstance(model, nn.Module):
         raise TypeError(
             f'wrap_fp16_model() takes an nn.Module, got {type(model).__name__}.')
-    backend = _torch.resolve_backend(backend)
     low = _torch.resolve_dtype(dtype)
+    first = next(iter(model.parameters()), None)
+    if first is None:
+        first = next(iter(model.buffers()), None)
+    # None falls back to 'legacy' where autocast cannot run low (or this model's norms) there.
+    backend = _torch.backend_for(backend, 'cpu' if first is None else first.device.type, low,
+                                 model)
     if backend == 'legacy':
         model.to(low)
         patch_norm_fp32(model, low)

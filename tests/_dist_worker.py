@@ -38,6 +38,7 @@ _HERE = Path(__file__).resolve().parent
 
 if str(_HERE) not in sys.path:  # run as a script, or imported by the tests
     sys.path.insert(0, str(_HERE))
+import _caps  # noqa: E402
 import _runner as R  # noqa: E402
 
 INF = float('inf')
@@ -239,10 +240,40 @@ def count_collectives(log: List[Tuple[int, str, int]], where: Callable[[], int])
             setattr(dist, name, original)
 
 
-def allreduce_hook(coalesce: bool, bucket_size_mb: float, distributed: bool = True) -> Any:
+def allreduce_hook(coalesce: bool, bucket_size_mb: float, distributed: bool = True,
+                   dtype: Optional[torch.dtype] = None) -> Any:
     from fp16utils import Fp16OptimizerHook
     return Fp16OptimizerHook(loss_scale=dict(HOOK_SCALE), coalesce=coalesce,
-                             bucket_size_mb=bucket_size_mb, distributed=distributed)
+                             bucket_size_mb=bucket_size_mb, distributed=distributed,
+                             dtype=dtype)
+
+
+def no_sync_dtype(backend: str) -> torch.dtype:
+    """float16 where the CPU trains it with ``backend`` here, else bfloat16."""
+    lacks = _caps.cpu_lacks(torch.float16, 'native' if backend == 'native' else None)
+    return torch.float16 if lacks is None else torch.bfloat16
+
+
+_gloo_dtypes: Dict[torch.dtype, bool] = {}
+
+
+def gloo_takes(dtype: torch.dtype) -> bool:
+    """Whether the process group broadcasts ``dtype`` tensors (collective: every rank asks)."""
+    import torch.distributed as dist
+    if dtype not in _gloo_dtypes:
+        try:
+            dist.broadcast(torch.ones(1, dtype=dtype), 0)
+            _gloo_dtypes[dtype] = True
+        except RuntimeError:
+            _gloo_dtypes[dtype] = False
+    return _gloo_dtypes[dtype]
+
+
+def float16_or_skip(backend: Optional[str], scenario: Callable[[], Dict[str, Any]]
+                    ) -> Dict[str, Any]:
+    """Run a float16 (loss scaling) scenario, or say why this CPU cannot: ``{'skip': why}``."""
+    lacks = _caps.cpu_lacks(torch.float16, 'native' if backend == 'native' else None)
+    return {'skip': lacks} if lacks is not None else scenario()
 
 
 def run_allreduce(coalesce: bool, bucket_size_mb: float, rank: int) -> Dict[str, Any]:
@@ -275,10 +306,13 @@ def run_no_sync(backend: str, sync_every_step: bool, rank: int) -> Dict[str, Any
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
     from fp16utils import AmpOptimWrapper
+    dtype = no_sync_dtype(backend)
+    if backend == 'legacy' and not gloo_takes(dtype):  # DDP then holds the converted model
+        return {'skip': f'gloo cannot broadcast {_caps.NAMES[dtype]} tensors in this torch'}
     model = R.Net(seed=0)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     wrapper = AmpOptimWrapper(optimizer, loss_scale=512.0, backend=backend, model=model,
-                              accumulative_counts=2)
+                              accumulative_counts=2, dtype=dtype)
     ddp = _ddp(model)
     comm = {'calls': 0}
 
@@ -336,7 +370,7 @@ def run_unused_param(rank: int) -> Dict[str, Any]:
         model = _SometimesUsedHead()
         model.use_head = rank == 0
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        hook = allreduce_hook(coalesce=True, bucket_size_mb=-1)
+        hook = allreduce_hook(coalesce=True, bucket_size_mb=-1, dtype=_caps.LEGACY_LOW)
         runner = R.MiniRunner(model, optimizer, [hook], max_iters=2, meta={})
         runner.run(R.make_data(2, seed=400 + rank), R.mse)
         return {'skipped': hook.skipped_steps, 'final': clone_state(model, optimizer)}
@@ -368,10 +402,12 @@ for _style in ('wrapper', 'hook'):
     for _backend in ('native', 'legacy'):
         for _inject in ('input', 'grad'):
             DIST_SCENARIOS[f'overflow-{_style}-{_backend}-{_inject}'] = (
-                lambda rank, s=_style, b=_backend, j=_inject: run_overflow(s, b, j, rank))
+                lambda rank, s=_style, b=_backend, j=_inject: float16_or_skip(
+                    b, lambda: run_overflow(s, b, j, rank)))
 for _coalesce, _bucket in ALLREDUCE_SETTINGS:
     DIST_SCENARIOS[f'allreduce-{_coalesce}-{_bucket}'] = (
-        lambda rank, c=_coalesce, b=_bucket: run_allreduce(c, b, rank))
+        lambda rank, c=_coalesce, b=_bucket: float16_or_skip(
+            'legacy', lambda: run_allreduce(c, b, rank)))
 for _backend in ('native', 'legacy'):
     for _every in (False, True):
         DIST_SCENARIOS[f'nosync-{_backend}-{"every" if _every else "accumulate"}'] = (
@@ -409,6 +445,7 @@ def dist_main(rank: int, world_size: int, init_file: str, out_dir: str,
         status = EXIT_FAILED
     torch.save(results, os.path.join(out_dir, f'rank{rank}.pt'))
     if status == 0:
+        dist.barrier()  # no rank tears the group down while another still uses it
         dist.destroy_process_group()
     return status
 
@@ -470,7 +507,8 @@ class Trainer:
     an mmcv-style checkpoint with ``meta``).
     """
 
-    def __init__(self, style: str, backend: str, accumulate: int = 1, seed: int = 0) -> None:
+    def __init__(self, style: str, backend: str, accumulate: int = 1, seed: int = 0,
+                 dtype: Optional[torch.dtype] = None) -> None:
         self.style = style
         self.model = R.Net(seed=seed)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-2)
@@ -480,11 +518,11 @@ class Trainer:
             self.wrapper = AmpOptimWrapper(
                 self.optimizer, backend=backend, model=self.model,
                 loss_scale=dict(init_scale=512.0, growth_interval=2),
-                clip_grad=dict(max_norm=1.0), accumulative_counts=accumulate)
+                clip_grad=dict(max_norm=1.0), accumulative_counts=accumulate, dtype=dtype)
             self.wrapper.initialize_count_status(self.model, 0, RESUME_STEPS)
         else:
             from fp16utils import Fp16OptimizerHook, GradientCumulativeFp16OptimizerHook
-            kwargs = dict(backend=backend, grad_clip=dict(max_norm=1.0),
+            kwargs = dict(backend=backend, grad_clip=dict(max_norm=1.0), dtype=dtype,
                           loss_scale=dict(init_scale=512.0, mode='dynamic', scale_window=2))
             if accumulate > 1:
                 self.hook = GradientCumulativeFp16OptimizerHook(cumulative_iters=accumulate,

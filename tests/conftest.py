@@ -13,7 +13,15 @@ import pytest
 if str(Path(__file__).resolve().parent) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fp16utils import _torch
+from fp16utils import _torch  # noqa: E402
+
+
+@pytest.fixture
+def low_dtype():
+    """The low dtype torch.autocast runs on the CPU here: float16, else bfloat16."""
+    import _caps
+
+    return _caps.LOW
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ import textwrap
 from pathlib import Path
 from types import SimpleNamespace
 
+import _caps  # tests/ is on sys.path: see conftest.py
 import pytest
 import torch
 from torch import nn
@@ -100,8 +101,17 @@ def test_env_reports_torch_backend_and_cpu_dtypes():
     out = proc.stdout
     assert torch.__version__ in out
     assert 'native' in out and 'native AMP' in out
-    cpu_block = out.split('device cpu', 1)[1].splitlines()[1]
-    assert 'float16' in cpu_block and 'bfloat16' in cpu_block
+    cpu_lines = out.split('device cpu', 1)[1].splitlines()
+    autocast = cpu_lines[1].split('autocast dtypes', 1)[1].split(',')
+    assert [d.strip() for d in autocast] == [_caps.NAMES[d] for d in _caps.LOW_DTYPES]
+    # One row per dtype: what torch supports, and the backend it leads to (or why none).
+    from fp16utils import _torch
+    rows = {ln.split()[0]: ln.split(None, 1)[1] for ln in cpu_lines[2:4]}
+    assert rows == dict(_torch.capability_rows('cpu'))
+    for dtype in (torch.float16, torch.bfloat16):
+        text = rows[_caps.NAMES[dtype]]
+        assert f'kernels {"no" if _caps.cpu_lacks(dtype) else "yes"}' in text
+        assert ('unusable' in text) == (_caps.cpu_lacks(dtype) is not None)
     assert proc.stderr == ''
 
 
@@ -146,9 +156,9 @@ def test_migrate_resolves_base_relative_to_the_file_and_writes_output(tmp_path):
         'loss_scale': 512.0,
         'clip_grad': {'max_norm': 35, 'norm_type': 2},
     }
-    wrapper = build_optim_wrapper(nn.Linear(2, 2), result['optim_wrapper'])
+    wrapper = build_optim_wrapper(nn.Linear(2, 2), _caps.on_this_cpu(result['optim_wrapper']))
     assert isinstance(wrapper, AmpOptimWrapper)
-    assert wrapper.loss_scale == 512.0
+    assert wrapper.loss_scale == (512.0 if wrapper.dtype == torch.float16 else 1.0)
 
 
 def test_migrate_to_stdout_is_a_readable_python_config():
@@ -175,7 +185,8 @@ def test_migrated_gan_config_builds_an_optim_wrapper_dict(tmp_path):
             self.generator = nn.Linear(2, 2)
             self.discriminator = nn.Linear(2, 1)
 
-    wrappers = build_optim_wrapper(GAN(), cli.load_config(out_file)['optim_wrapper'])
+    wrappers = build_optim_wrapper(GAN(),
+                                   _caps.on_this_cpu(cli.load_config(out_file)['optim_wrapper']))
     assert isinstance(wrappers, OptimWrapperDict)
     assert sorted(wrappers.keys()) == ['discriminator', 'generator']
     assert wrappers['generator'].accumulative_counts == 8
@@ -374,6 +385,14 @@ def test_bench_unknown_name_lists_available():
 
 # -------------------------------------------------------------------- demo
 
+#: The demo's modes, and what each needs of torch on the CPU.
+DEMO_MODES = {'fp32': None,
+              'amp float16': _caps.cpu_lacks(_caps.F16, 'native'),
+              'amp bfloat16': _caps.cpu_lacks(_caps.BF16, 'native'),
+              'legacy float16': _caps.cpu_lacks(_caps.F16)}
+#: The modes this torch runs on the CPU, in the demo's order.
+DEMO_RUNS = [mode for mode, lacks in DEMO_MODES.items() if lacks is None]
+
 
 def test_demo_runs_on_cpu_and_prints_the_table():
     proc = run('demo', '--steps', '20', '--device', 'cpu', timeout=300)
@@ -384,10 +403,15 @@ def test_demo_runs_on_cpu_and_prints_the_table():
         assert column in header
     rows = {ln.split('  ')[0].strip(): ln for ln in out.splitlines()
             if ln.startswith(('fp32', 'amp ', 'legacy '))}
-    assert set(rows) == {'fp32', 'amp float16', 'amp bfloat16', 'legacy float16'}
+    assert set(rows) == set(DEMO_RUNS)
     assert '1.00x' in rows['fp32']
+    # A mode this torch cannot run is left out, with the reason on one line.
+    left_out = [ln for ln in out.splitlines() if ln.startswith('left out ')]
+    assert [ln.split(':')[0] for ln in left_out] == [
+        f'left out {mode}' for mode in DEMO_MODES if mode not in DEMO_RUNS]
+    assert all('not supported' in ln or 'cannot' in ln for ln in left_out)
     # Not a terminal: plain progress lines, no carriage-return bar.
-    assert 'training amp bfloat16 on cpu (20 steps)' in out
+    assert 'training fp32 on cpu (20 steps)' in out
     assert '\r' not in out + proc.stderr
 
 
@@ -397,18 +421,20 @@ def test_demo_results_are_sane():
     buf = io.StringIO()
     results = run_demo('cpu', steps=12, out=buf)
     by_mode = {r.mode: r for r in results}
-    assert list(by_mode) == ['fp32', 'amp float16', 'amp bfloat16', 'legacy float16']
+    assert list(by_mode) == DEMO_RUNS
     for r in results:
         assert len(r.losses) == 12 and all(v == v for v in r.losses)  # no nan
         assert r.steps_per_s > 0
         assert r.peak_memory_mb is None  # the CPU reports no peak memory
     fp32 = by_mode['fp32']
     assert fp32.losses[-1] < fp32.losses[0]  # it learns
-    for mode in ('amp float16', 'amp bfloat16', 'legacy float16'):
+    for mode in DEMO_RUNS[1:]:
         # same data and initial weights: low precision tracks fp32 closely
         assert abs(by_mode[mode].losses[-1] - fp32.losses[-1]) < 0.05
-    assert by_mode['amp float16'].scales[0] == 2.0**16
-    assert by_mode['amp bfloat16'].scales[0] == 1.0  # bfloat16 is not scaled
+    if 'amp float16' in by_mode:
+        assert by_mode['amp float16'].scales[0] == 2.0**16
+    if 'amp bfloat16' in by_mode:
+        assert by_mode['amp bfloat16'].scales[0] == 1.0  # bfloat16 is not scaled
 
 
 def test_demo_unknown_mode_is_a_clear_error():

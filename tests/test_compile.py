@@ -7,16 +7,24 @@ casts and attribute reads) and give what eager mode gives.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import shutil
 import warnings
 
+import _caps  # tests/ is on sys.path: see conftest.py
 import pytest
 import torch
 from torch import nn
 
 from fp16utils import _torch, auto_fp16, force_fp32, wrap_fp16_model
 
-dynamo = pytest.importorskip('torch._dynamo')
+try:
+    import torch._dynamo  # noqa: F401
+    torch.compile(lambda x: x + 1, backend='eager')(torch.ones(1))
+except Exception as err:  # noqa: BLE001 - whatever stops it: no torch.compile here
+    pytest.skip(f'torch.compile does not run here: {str(err).splitlines()[0]}',
+                allow_module_level=True)
 
 
 @pytest.fixture(autouse=True)
@@ -78,12 +86,110 @@ class ClassFlag(nn.Module):
         return pred.abs().mean()
 
 
+@functools.lru_cache(maxsize=None)
+def _fullgraph_reason():
+    """Why dynamo cannot trace a decorated module whole here (None: it can)."""
+    class Probe(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fp16_enabled = False
+
+        @auto_fp16(dtype=torch.bfloat16)
+        def forward(self, x):
+            return x * 2
+
+    try:
+        probe = wrap_fp16_model(Probe(), dtype=torch.bfloat16, backend='native')
+        torch.compile(probe, fullgraph=True, backend='eager')(torch.ones(2))
+    except Exception as err:  # noqa: BLE001 - dynamo's reason, shown in the skip
+        return ('torch.compile(fullgraph=True) cannot trace the decorators here: '
+                + str(err).splitlines()[0][:120])
+    finally:
+        torch._dynamo.reset()
+    return None
+
+
+def _require_fullgraph():
+    why = _fullgraph_reason()
+    if why is not None:
+        pytest.skip(why)
+
+
+@pytest.fixture
+def fullgraph():
+    """Skip unless dynamo traces a decorated module in one graph on this torch."""
+    _require_fullgraph()
+
+
+@functools.lru_cache(maxsize=None)
+def _unset_env_reason():
+    """Why dynamo cannot trace reading an unset environment variable (None: it can).
+
+    An unwrapped module's decorators ask for the process default backend, which
+    reads FP16UTILS_BACKEND on first use (after ``_torch.refresh()``).
+    """
+    import os
+
+    def read(x):
+        return x * 2 if os.environ.get('FP16UTILS_UNSET_PROBE') is None else x
+
+    try:
+        torch.compile(read, fullgraph=True, backend='eager')(torch.ones(1))
+    except Exception as err:  # noqa: BLE001
+        return ('torch.compile(fullgraph=True) cannot trace reading an unset environment '
+                'variable here (the first read of FP16UTILS_BACKEND): '
+                + str(err).splitlines()[0][:80])
+    finally:
+        torch._dynamo.reset()
+    return None
+
+
+@pytest.fixture
+def fullgraph_env():
+    """Skip unless dynamo traces the decorators' first read of the default backend."""
+    _require_fullgraph()
+    why = _unset_env_reason()
+    if why is not None:
+        pytest.skip(why)
+
+
+@functools.lru_cache(maxsize=None)
+def _export_autocast_reason():
+    """Why torch.export cannot export a region under autocast (None: it can)."""
+    class Probe(nn.Module):
+        def forward(self, x):
+            with torch.autocast('cpu', dtype=torch.bfloat16):
+                return torch.mm(x, x)
+
+    try:
+        _export(Probe(), (torch.ones(2, 2),)).module()(torch.ones(2, 2))
+    except Exception as err:  # noqa: BLE001
+        return 'torch.export cannot export autocast regions here: ' + str(err).splitlines()[0][:80]
+    return None
+
+
+def _export(model, args, strict=None):
+    """``torch.export.export`` where torch has it (``strict`` where it takes it)."""
+    export = getattr(getattr(torch, 'export', None), 'export', None)
+    if export is None:
+        pytest.skip('torch has no torch.export here')
+    if strict is None:
+        return export(model, args)
+    if 'strict' not in inspect.signature(export).parameters:
+        if not strict:
+            pytest.skip('torch.export here has no non-strict mode (strict=False)')
+        return export(model, args)  # strict: the only mode it has
+    return export(model, args, strict=strict)
+
+
 def _inputs():
     gen = torch.Generator().manual_seed(0)
     return torch.randn(4, 8, generator=gen), torch.randn(4, 4, generator=gen)
 
 
-def _model(dtype=torch.float16, backend='native'):
+def _model(dtype=_caps.LOW, backend='native'):
+    if backend == 'native':
+        _caps.require_native_norms(dtype)  # Full has a GroupNorm
     torch.manual_seed(0)
     return wrap_fp16_model(Full(), dtype=dtype, backend=backend)
 
@@ -93,7 +199,8 @@ def _same(a, b):
     assert torch.equal(a, b), (a - b).abs().max()
 
 
-@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
+@pytest.mark.usefixtures('fullgraph')
+@pytest.mark.parametrize('dtype', _caps.LOW_DTYPES)
 def test_explain_reports_no_graph_breaks(dtype):
     model = _model(dtype)
     x, t = _inputs()
@@ -102,6 +209,7 @@ def test_explain_reports_no_graph_breaks(dtype):
     assert explained.graph_count == 1
 
 
+@pytest.mark.usefixtures('fullgraph_env')
 def test_explain_class_flag_and_outer_autocast():
     model = ClassFlag()
     x, _ = _inputs()
@@ -116,8 +224,9 @@ def test_explain_class_flag_and_outer_autocast():
         assert explained.graph_break_count == 0, explained.break_reasons
 
 
+@pytest.mark.usefixtures('fullgraph')
 @pytest.mark.parametrize('backend', ['eager', 'aot_eager'])
-@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize('dtype', _caps.LOW_DTYPES)
 def test_compile_fullgraph_matches_eager(backend, dtype):
     model = _model(dtype)
     x, t = _inputs()
@@ -132,6 +241,7 @@ def test_compile_fullgraph_matches_eager(backend, dtype):
     _same(compiled(x2, t)[1], model(x2, t)[1])
 
 
+@pytest.mark.usefixtures('fullgraph')
 def test_compile_backward_matches_eager():
     x, t = _inputs()
     eager, comp = _model(), _model()
@@ -142,6 +252,7 @@ def test_compile_backward_matches_eager():
         torch.testing.assert_close(q.grad, p.grad, rtol=0, atol=0, msg=name)
 
 
+@pytest.mark.usefixtures('fullgraph')
 def test_compile_class_flag_outer_autocast_and_kwargs():
     model = ClassFlag()
     x, _ = _inputs()
@@ -158,11 +269,12 @@ def test_compile_class_flag_outer_autocast_and_kwargs():
     _same(loss, ref_loss)
 
 
+@pytest.mark.usefixtures('fullgraph')
 def test_compile_legacy_backend():
-    model = _model(backend='legacy')
-    assert model.net.fc1.weight.dtype == torch.float16
+    model = _model(_caps.LEGACY_LOW, backend='legacy')
+    assert model.net.fc1.weight.dtype == _caps.LEGACY_LOW
     x, t = _inputs()
-    x = x.half()
+    x = x.to(_caps.LEGACY_LOW)
     ref_loss, ref_pred = model(x, t)
     loss, pred = torch.compile(model, fullgraph=True, backend='eager')(x, t)
     _same(pred, ref_pred)
@@ -173,6 +285,7 @@ def test_compile_legacy_backend():
 @pytest.mark.skipif(shutil.which('g++') is None and shutil.which('c++') is None,
                     reason='inductor builds C++ on CPU and no C++ compiler was found')
 @pytest.mark.filterwarnings('ignore::DeprecationWarning')  # torch's own, on import
+@pytest.mark.usefixtures('fullgraph')
 def test_compile_inductor():
     model = _model(torch.bfloat16)
     x, t = _inputs()
@@ -209,9 +322,11 @@ def test_jit_trace_when_fp16_disabled():
 
 @pytest.mark.parametrize('strict', [False, True])
 def test_export_when_fp16_disabled(strict):
+    if strict:
+        _require_fullgraph()  # strict export traces with dynamo
     model = _disabled()
     x, t = _inputs()
-    program = torch.export.export(model, (x, t), strict=strict)
+    program = _export(model, (x, t), strict=strict)
     exported = program.module()
     for scale in (1.0, 0.5):
         ref_loss, ref_pred = model(x * scale, t)
@@ -220,10 +335,13 @@ def test_export_when_fp16_disabled(strict):
         _same(loss, ref_loss)
 
 
+@pytest.mark.usefixtures('fullgraph')  # strict export traces with dynamo
 def test_export_when_fp16_enabled():
+    if _export_autocast_reason() is not None:
+        pytest.skip(_export_autocast_reason())
     model = _model(torch.bfloat16).eval()
     x, t = _inputs()
-    exported = torch.export.export(model, (x, t)).module()
+    exported = _export(model, (x, t)).module()
     ref_loss, ref_pred = model(x, t)
     loss, pred = exported(x, t)
     assert pred.dtype == torch.bfloat16
@@ -243,6 +361,7 @@ class EnvFlag(nn.Module):
 
 @pytest.mark.parametrize('backend, dtype', [('native', torch.bfloat16),
                                             ('legacy', torch.float32)])
+@pytest.mark.usefixtures('fullgraph')
 def test_backend_env_is_followed_under_compile(monkeypatch, backend, dtype):
     # EnvFlag was not wrapped, so the decorator asks _torch for the process
     # default, which reads FP16UTILS_BACKEND: compiled code must agree with eager.

@@ -99,7 +99,10 @@ def ranks(tmp_path_factory):
 
 
 def both(ranks, name):
-    return [results[name] for results in ranks]
+    results = [results[name] for results in ranks]
+    if 'skip' in results[0]:  # the workers found that this CPU cannot run the scenario
+        pytest.skip(results[0]['skip'])
+    return results
 
 
 def _params(state):
@@ -147,7 +150,7 @@ def _reference_allreduce(coalesce, bucket_size_mb):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     hook = Fp16OptimizerHook(loss_scale=dict(W.HOOK_SCALE), coalesce=coalesce,
                              bucket_size_mb=bucket_size_mb, distributed=False,
-                             backend='legacy')
+                             backend='legacy')  # float16: the scenario ran only where it can
     runner = R.MiniRunner(model, optimizer, [hook], max_iters=W.DIST_STEPS, meta={})
     runner.run(data, R.mse)
     return hook, R.snapshot(model, optimizer)
@@ -202,7 +205,7 @@ def _reference_no_sync(backend):
     per_rank = [W.no_sync_data(rank) for rank in range(WORLD_SIZE)]
     model = R.Net(seed=0)
     wrapper = AmpOptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1), loss_scale=512.0,
-                              backend=backend, model=model)
+                              backend=backend, model=model, dtype=W.no_sync_dtype(backend))
     for start in range(0, W.NO_SYNC_STEPS, 2):
         window = [d[i] for d in per_rank for i in (start, start + 1)]
         x, y = torch.cat([b[0] for b in window]), torch.cat([b[1] for b in window])
@@ -235,9 +238,12 @@ def test_optim_context_skips_ddp_sync_while_accumulating(ranks, backend):
     ref = _reference_no_sync(backend)
     got, every = _params(acc0['final']), _params(every0['final'])
     assert len(got) == 4
+    low = W.no_sync_dtype(backend) == torch.bfloat16  # 8 bits of mantissa, not 11
     for key, value in got.items():
-        torch.testing.assert_close(value, every[key], rtol=0, atol=1e-3, msg=key)
-        torch.testing.assert_close(value, ref[key], rtol=0, atol=2e-3, msg=key)
+        torch.testing.assert_close(value, every[key], rtol=0, atol=1e-2 if low else 1e-3,
+                                   msg=key)
+        torch.testing.assert_close(value, ref[key], rtol=0, atol=2e-2 if low else 2e-3,
+                                   msg=key)
 
 
 def test_legacy_hook_reduces_a_gradient_only_some_ranks_have(tmp_path):

@@ -12,11 +12,12 @@ from __future__ import annotations
 import logging
 import math
 
-import _runner as R  # tests/ is on sys.path: see conftest.py
+import _caps  # tests/ is on sys.path: see conftest.py
+import _runner as R
 import pytest
 import torch
 
-from fp16utils import AmpOptimWrapper, Fp16OptimizerHook
+from fp16utils import AmpOptimWrapper, Fp16OptimizerHook, _torch
 
 STYLES = ['wrapper', 'hook']
 BACKENDS = ['native', 'legacy']
@@ -47,6 +48,9 @@ class Trainer:
 
     def __init__(self, style, backend, kind=None, fault_at=(), loss_scale=None,
                  dtype=None, **extra):
+        _caps.require(_torch.resolve_dtype(dtype), 'native' if backend == 'native' else None,
+                      scaled=loss_scale is None or not isinstance(loss_scale, dict)
+                      or loss_scale.get('enabled', True))
         self.style, self.kind, self.fault_at = style, kind, set(fault_at)
         self.model = R.Net(seed=0)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-2)
@@ -310,7 +314,7 @@ def test_nan_loss_with_finite_gradients_is_not_a_skipped_step():
     d(loss + nan)/dw is dloss/dw, so the update is finite and correct; the NaN
     shows only in the logged loss value.
     """
-    trainer = Trainer('wrapper', 'native')
+    trainer = Trainer('wrapper', 'native', dtype=_caps.train_dtype('native'))
     x, y = BATCH
     with trainer.owner.optim_context(trainer.model):
         out = trainer.model(x)

@@ -6,7 +6,8 @@ import logging
 import math
 import os
 
-import _runner as R  # tests/ is on sys.path: see conftest.py
+import _caps  # tests/ is on sys.path: see conftest.py
+import _runner as R
 import pytest
 import torch
 import torch.distributed as dist
@@ -22,6 +23,8 @@ BACKENDS = ['native', 'legacy']
 
 
 def make_runner(hook, max_iters, opt_cls=torch.optim.Adam, lr=1e-2, meta=None, seed=0):
+    """A runner for ``hook``; skips the test where the CPU cannot train in the hook's dtype."""
+    _caps.require(hook.dtype, 'native' if hook.backend == 'native' else None)
     model = R.Net(seed=seed)
     optimizer = opt_cls(model.parameters(), lr=lr)
     return R.MiniRunner(model, optimizer, [hook], max_iters=max_iters,
@@ -65,7 +68,7 @@ def test_native_hook_matches_a_hand_written_amp_loop():
 @pytest.mark.parametrize('backend', BACKENDS)
 def test_grad_norm_is_logged_with_the_sample_count(backend):
     hook = Fp16OptimizerHook(grad_clip=dict(max_norm=0.1, norm_type=2), loss_scale=256.0,
-                             backend=backend)
+                             backend=backend, dtype=_caps.train_dtype(backend))
     runner = make_runner(hook, 3)
     data = R.make_data(3, batch_size=5)
     runner.run(data, R.mse)
@@ -155,7 +158,7 @@ def test_bad_arguments():
         Fp16OptimizerHook(grad_clip=dict(norm_type=2))
     with pytest.raises(ValueError, match='cumulative_iters must be an int >= 1'):
         GradientCumulativeFp16OptimizerHook(cumulative_iters=0)
-    hook = Fp16OptimizerHook()
+    hook = Fp16OptimizerHook(dtype=_caps.train_dtype('native'))
     runner = make_runner(hook, 1)
     runner.outputs = {'loss': R.mse(runner.model, R.make_data(1)[0])}
     with pytest.raises(RuntimeError, match=r'before_run\(runner\) has not been called'):
@@ -175,7 +178,8 @@ def test_meta_none_and_no_log_buffer_are_fine():
 
 
 def test_legacy_hook_keeps_float32_masters():
-    hook = Fp16OptimizerHook(loss_scale=128.0, backend='legacy')
+    low = _caps.LEGACY_LOW
+    hook = Fp16OptimizerHook(loss_scale=128.0, backend='legacy', dtype=low)
     runner = make_runner(hook, 2)
     model, optimizer = runner.model, runner.optimizer
     R.mse(model, R.make_data(1)[0]).backward()
@@ -184,12 +188,12 @@ def test_legacy_hook_keeps_float32_masters():
     runner.run(R.make_data(2), R.mse)
     assert runner.optimizer is optimizer
     masters = optimizer.param_groups[0]['params']
-    assert all(p.dtype == torch.float16 for p in model.parameters())
+    assert all(p.dtype == low for p in model.parameters())
     assert all(m.dtype == torch.float32 for m in masters)
     assert all(optimizer.state[m]['step'].item() == 3 for m in masters)
     assert runner.meta['fp16']['master_params'] is hook._engine.masters
     for m, p in zip(masters, model.parameters()):
-        assert torch.equal(m.half(), p)
+        assert torch.equal(m.to(low), p)
 
 
 @pytest.mark.parametrize('coalesce, bucket_size_mb, calls', [
@@ -208,7 +212,8 @@ def test_legacy_hook_averages_master_gradients_when_distributed(
     results = []
     for distributed in (True, False):
         hook = Fp16OptimizerHook(loss_scale=128.0, backend='legacy', coalesce=coalesce,
-                                 bucket_size_mb=bucket_size_mb, distributed=distributed)
+                                 bucket_size_mb=bucket_size_mb, distributed=distributed,
+                                 dtype=_caps.LEGACY_LOW)
         runner = make_runner(hook, 2)
         runner.run(data, R.mse)
         results.append(params(runner, hook))
@@ -358,8 +363,9 @@ def test_cumulative_hook_equals_large_batches_with_a_short_last_window(backend):
     small = R.make_data(6, batch_size=2)
     windows = [small[:4], small[4:]]
     large = [(torch.cat([b[0] for b in w]), torch.cat([b[1] for b in w])) for w in windows]
+    dtype = _caps.train_dtype(backend)
     hook = GradientCumulativeFp16OptimizerHook(cumulative_iters=4, loss_scale=256.0,
-                                               backend=backend)
+                                               backend=backend, dtype=dtype)
     runner = make_runner(hook, 6, opt_cls=torch.optim.SGD, lr=0.1)
     steps = []
     original_step = runner.optimizer.step
@@ -372,16 +378,19 @@ def test_cumulative_hook_equals_large_batches_with_a_short_last_window(backend):
     runner.run(small, R.mse)
     assert steps == [3, 5]
     assert hook.divisible_iters == 4 and hook.remainder_iters == 2
-    ref_hook = Fp16OptimizerHook(loss_scale=256.0, backend=backend)
+    ref_hook = Fp16OptimizerHook(loss_scale=256.0, backend=backend, dtype=dtype)
     ref = make_runner(ref_hook, 2, opt_cls=torch.optim.SGD, lr=0.1)
     ref.run(large, R.mse)
+    atol = 2e-3 if dtype == torch.float16 else 2e-2
     for p, q in zip(params(runner, hook), params(ref, ref_hook)):
-        torch.testing.assert_close(p, q, rtol=0, atol=2e-3)
-    assert all(p.grad is None for p in runner.model.parameters())
+        torch.testing.assert_close(p, q, rtol=0, atol=atol)
+    # Cleared as torch's optimizer.zero_grad() clears by default: to None, or to zeros.
+    assert all(p.grad is None or not p.grad.any() for p in runner.model.parameters())
 
 
 def test_cumulative_hook_warns_on_an_unaligned_resume(caplog):
-    hook = GradientCumulativeFp16OptimizerHook(cumulative_iters=4, loss_scale=64.0)
+    hook = GradientCumulativeFp16OptimizerHook(cumulative_iters=4, loss_scale=64.0,
+                                               dtype=_caps.train_dtype('native'))
     runner = make_runner(hook, 8)
     runner.model.bn = nn.BatchNorm1d(2)
     runner.iter = 3
@@ -423,7 +432,7 @@ def test_resume_from_a_checkpoint_is_bit_identical(backend, cumulative):
 
 
 def test_before_run_twice_keeps_the_same_masters():
-    hook = Fp16OptimizerHook(loss_scale=64.0, backend='legacy')
+    hook = Fp16OptimizerHook(loss_scale=64.0, backend='legacy', dtype=_caps.LEGACY_LOW)
     assert hook.loss_scaler is None and hook.skipped_steps == 0 and hook.scale_history == []
     runner = make_runner(hook, 4)
     runner.run(R.make_data(4), R.mse, until=2)

@@ -607,6 +607,7 @@ def test_a_non_dict_config_is_a_type_error():
 
 
 def test_converted_configs_build_with_build_optim_wrapper():
+    import _caps  # tests/ is on sys.path: see conftest.py
     import torch
     from torch import nn
 
@@ -614,7 +615,7 @@ def test_converted_configs_build_with_build_optim_wrapper():
 
     model = nn.Linear(4, 2)
     single = convert_clean(retinanet_fp16_cfg())
-    wrapper = build_optim_wrapper(model, single['optim_wrapper'])
+    wrapper = build_optim_wrapper(model, _caps.on_this_cpu(single['optim_wrapper']))
     assert type(wrapper).__name__ == 'AmpOptimWrapper'
     assert isinstance(wrapper.optimizer, torch.optim.SGD)
     assert wrapper.optimizer.param_groups[0]['lr'] == 0.01
@@ -632,7 +633,7 @@ def test_converted_configs_build_with_build_optim_wrapper():
             train_cfg=dict(disc_steps=8, gen_steps=1, batch_accumulation_steps=8),
         )
     )
-    wrappers = build_optim_wrapper(gan, multi['optim_wrapper'])
+    wrappers = build_optim_wrapper(gan, _caps.on_this_cpu(multi['optim_wrapper']))
     gen, disc = wrappers['generator'], wrappers['discriminator']
     assert type(gen).__name__ == type(disc).__name__ == 'AmpOptimWrapper'
     assert gen.optimizer.param_groups[0]['lr'] == 0.0001

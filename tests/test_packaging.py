@@ -50,7 +50,11 @@ def test_runtime_dependencies_are_torch_numpy_packaging_only():
         'numpy', 'packaging', 'torch']
     torch_req = next(r for r in requires if r.startswith('torch'))
     from packaging.specifiers import SpecifierSet
-    assert '2.13.0' in SpecifierSet(torch_req[len('torch'):])
+    spec = SpecifierSet(torch_req[len('torch'):])
+    # From the oldest supported torch (the compat tier's) to any newer one.
+    assert {'1.13.0', '1.13.1', '2.0.1', '2.13.0', '2.14.1', '3.0.0'} <= set(
+        spec.filter(['1.12.1', '1.13.0', '1.13.1', '2.0.1', '2.13.0', '2.14.1', '3.0.0']))
+    assert '1.12.1' not in spec
     extras = ast.literal_eval(kw['extras_require'])
     assert {'pytest', 'hypothesis'} <= {re.split(r'[<>=]', r)[0] for r in extras['test']}
     assert 'fp16utils=fp16utils.cli:main' in ast.literal_eval(kw['entry_points'])[
@@ -326,3 +330,29 @@ def test_migrate_imports_the_standard_library_and_itself_only():
              and not any(f'{module}.{imported}'.startswith(f'{a}.') for a in allowed)]
     assert len([n for n in modules if n.startswith('fp16utils.migrate')]) > 1
     assert found == []
+
+
+def _setup_keyword(name):
+    tree = ast.parse(ROOT.joinpath('setup.py').read_text())
+    call = next(n for n in ast.walk(tree) if isinstance(n, ast.Call)
+                and getattr(n.func, 'id', '') == 'setup')
+    return ast.literal_eval(next(k.value for k in call.keywords if k.arg == name))
+
+
+def test_the_code_parses_as_the_oldest_declared_python():
+    oldest = tuple(int(p) for p in _setup_keyword('python_requires').lstrip('>=').split('.'))
+    assert oldest == (3, 8)
+    for path in sorted(ROOT.joinpath('fp16utils').rglob('*.py')) + [ROOT / 'setup.py']:
+        ast.parse(path.read_text(), str(path), feature_version=oldest)
+
+
+def test_compat_tier_runs_the_oldest_supported_torch_and_checks_pip_keeps_it():
+    compat = ROOT.joinpath('.ci', 'compat').read_text()
+    oldest = re.search(r'^version=\$\{1:-([0-9.]+)\}$', compat, re.M).group(1)
+    torch_req = next(r for r in _setup_keyword('install_requires') if r.startswith('torch'))
+    assert torch_req.split('#')[0].strip() == f'torch>={oldest.rsplit(".", 1)[0]}'
+    assert 'pip install --disable-pip-version-check -e ".[test]"' in compat
+    assert 'replaced torch' in compat and 'exit 0' in compat  # no network: skip, not fail
+    matrix = ROOT.joinpath('.ci', 'matrix').read_text()
+    versions = re.search(r'versions=\(([0-9. ]+)\)', matrix).group(1).split()
+    assert versions[0] == oldest and '2.13.0' in versions

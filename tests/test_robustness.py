@@ -11,9 +11,10 @@ from __future__ import annotations
 import copy
 import threading
 
+import _caps  # tests/ is on sys.path: see conftest.py
 import pytest
 import torch
-from _roundtrip import pickle_roundtrip, torch_save_roundtrip  # tests/ is on sys.path
+from _roundtrip import pickle_roundtrip, torch_save_roundtrip
 from torch import nn
 
 from fp16utils import (
@@ -25,10 +26,12 @@ from fp16utils import (
 from fp16utils.wrap import _PatchedForward
 
 CPU = 'cpu'
+LOW = _caps.LOW  # float16 where CPU autocast has it, else bfloat16
+LEGACY = _caps.LEGACY_LOW  # float16 where the CPU has its kernels, else bfloat16
 
 
 def _autocast_state():
-    return torch.is_autocast_enabled(CPU), torch.get_autocast_dtype(CPU)
+    return _caps.autocast_now(CPU)
 
 
 class Probe(nn.Module):
@@ -64,6 +67,7 @@ class Probe(nn.Module):
 
 
 def test_threads_see_their_own_autocast_state():
+    _caps.require(torch.float16, 'native', scaled=False)  # threads in float16 and bfloat16
     iterations, parties = 20, 6
     barrier = threading.Barrier(parties)
     torch.manual_seed(0)
@@ -173,15 +177,15 @@ def test_threads_calling_one_disabled_and_one_enabled_instance():
 # -------------------------------------------------------------- exceptions
 
 
-@pytest.mark.parametrize('outer', [None, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize('outer', [None, *sorted(_caps.LOW_DTYPES, key=str, reverse=True)])
 def test_auto_fp16_restores_state_when_it_raises(outer):
-    model = wrap_fp16_model(Probe(), dtype=torch.float16, backend='native')
+    model = wrap_fp16_model(Probe(), dtype=LOW, backend='native')
     x = torch.randn(2, 8)
 
     def call():
         with pytest.raises(ValueError, match='forward failed'):
             model(x, fail=True)
-        assert model.seen.forward[:2] == (True, torch.float16)
+        assert model.seen.forward[:2] == (True, LOW)
         return _autocast_state()
 
     if outer is None:
@@ -191,13 +195,13 @@ def test_auto_fp16_restores_state_when_it_raises(outer):
         with torch.autocast(CPU, dtype=outer):
             assert call() == (True, outer)
         assert _autocast_state()[0] is False
-    assert model(x).dtype == torch.float16  # still works afterwards
+    assert model(x).dtype == LOW  # still works afterwards
 
 
 @pytest.mark.parametrize('outer', [None, torch.bfloat16])
 def test_force_fp32_restores_state_when_it_raises(outer):
-    model = wrap_fp16_model(Probe(), backend='native')
-    pred = torch.ones(2, dtype=torch.float16)
+    model = wrap_fp16_model(Probe(), dtype=LOW, backend='native')
+    pred = torch.ones(2, dtype=LOW)
     if outer is None:
         with pytest.raises(ValueError, match='loss failed'):
             model.loss(pred, fail=True)
@@ -238,14 +242,14 @@ class Nested(nn.Module):
 
 
 def test_nested_decorators_restore_state_when_inner_raises():
-    model = wrap_fp16_model(Nested(), dtype=torch.float16, backend='native')
+    model = wrap_fp16_model(Nested(), dtype=LOW, backend='native')
     with torch.autocast(CPU, dtype=torch.bfloat16):
         with pytest.raises(ValueError, match='nested loss failed'):
             model(torch.randn(2, 4))
         after_outer = _autocast_state()
     assert model.inner_states == [
-        (False, torch.float16, torch.float32),  # inside force_fp32
-        (True, torch.float16),  # auto_fp16 level after force_fp32 unwound
+        (False, LOW, torch.float32),  # inside force_fp32
+        (True, LOW),  # auto_fp16 level after force_fp32 unwound
     ]
     assert after_outer == (True, torch.bfloat16)
     assert _autocast_state()[0] is False
@@ -285,6 +289,7 @@ class Plain(nn.Module):
 
 def _native(dtype):
     def build():
+        _caps.require_native_norms(dtype)  # Block has a float32 GroupNorm
         torch.manual_seed(0)
         return wrap_fp16_model(Block(), dtype=dtype, backend='native')
     return build
@@ -292,19 +297,19 @@ def _native(dtype):
 
 def _legacy():
     torch.manual_seed(0)
-    return wrap_fp16_model(Block(), backend='legacy')
+    return wrap_fp16_model(Block(), dtype=LEGACY, backend='legacy')
 
 
 def _patched():
     torch.manual_seed(0)
-    return patch_norm_fp32(Plain().half())
+    return patch_norm_fp32(Plain().to(LEGACY), LEGACY)
 
 
 BUILDERS = {
     'native-fp16': (_native(torch.float16), torch.float32, torch.float16),
     'native-bf16': (_native(torch.bfloat16), torch.float32, torch.bfloat16),
-    'legacy': (_legacy, torch.float16, torch.float16),
-    'patched': (_patched, torch.float16, torch.float16),
+    'legacy': (_legacy, LEGACY, LEGACY),
+    'patched': (_patched, LEGACY, LEGACY),
 }
 
 
@@ -412,6 +417,8 @@ def _ema_update_loop(ema, live, decay):
 @pytest.mark.parametrize('update', ['foreach', 'loop'])
 @pytest.mark.parametrize('kind', ['native-fp16', 'native-bf16', 'legacy'])
 def test_ema_copy_tracks_the_live_model(kind, update):
+    if update == 'foreach' and not hasattr(torch, '_foreach_lerp_'):
+        pytest.skip('torch has no fused foreach lerp (torch._foreach_lerp_) here')
     build, in_dtype, out_dtype = BUILDERS[kind]
     decay = 0.75
     live = build()

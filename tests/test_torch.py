@@ -6,12 +6,15 @@ import sys
 import textwrap
 import warnings
 
+import _caps  # tests/ is on sys.path: see conftest.py
 import pytest
 import torch
 from torch import nn
 
 import fp16utils
 from fp16utils import _torch
+
+LOW_DTYPES, LOW = _caps.LOW_DTYPES, _caps.LOW
 
 # --------------------------------------------------------------------------- versions
 
@@ -239,15 +242,15 @@ def _mm():
     return torch.mm(torch.ones(2, 2), torch.ones(2, 2))
 
 
-@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize('dtype', LOW_DTYPES)
 def test_autocast_for_cpu(dtype):
-    assert not torch.is_autocast_enabled('cpu')
+    assert not _cpu_state()[0]
     with _torch.autocast_for('cpu', dtype):
-        assert torch.is_autocast_enabled('cpu')
-        assert torch.get_autocast_dtype('cpu') == dtype
+        assert _cpu_state()[0]
+        assert _cpu_state()[1] == dtype
         assert _mm().dtype == dtype
         assert _torch.autocast_state('cpu') == (True, dtype)
-    assert not torch.is_autocast_enabled('cpu')
+    assert not _cpu_state()[0]
     assert _mm().dtype == torch.float32
 
 
@@ -259,11 +262,12 @@ def test_autocast_for_default_dtype():
 
 @pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16, None])
 def test_autocast_for_disabled_inside_outer(dtype):
+    # Any dtype, supported by autocast on the CPU or not: off is off.
     with torch.autocast('cpu', dtype=torch.bfloat16):
         with _torch.autocast_for('cpu', dtype, enabled=False):
-            assert not torch.is_autocast_enabled('cpu')
+            assert not _cpu_state()[0]
             assert _mm().dtype == torch.float32
-        assert torch.is_autocast_enabled('cpu')
+        assert _cpu_state()[0]
         assert _mm().dtype == torch.bfloat16
 
 
@@ -271,7 +275,7 @@ def test_autocast_for_old_torch(old_torch):
     ctx = _torch.autocast_for('cpu', torch.float16)
     assert isinstance(ctx, contextlib.nullcontext)
     with ctx:
-        assert not torch.is_autocast_enabled('cpu')
+        assert not _cpu_state()[0]
         assert _mm().dtype == torch.float32
 
 
@@ -297,14 +301,17 @@ def test_autocast_state_old_api(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter('ignore', DeprecationWarning)
         assert _torch.autocast_state('cpu')[0] is False
-        with torch.autocast('cpu', dtype=torch.float16):
-            assert _torch.autocast_state('cpu') == (True, torch.float16)
+        with torch.autocast('cpu', dtype=LOW):
+            assert _torch.autocast_state('cpu') == (True, LOW)
         assert _torch.autocast_state('cuda') == (False, torch.float16)
         assert _torch.autocast_state('some_device') == (False, None)
 
 
 def _cpu_state():
-    return torch.is_autocast_enabled('cpu'), torch.get_autocast_dtype('cpu')
+    """CPU autocast (enabled, dtype), read from torch directly (not through _torch)."""
+    if hasattr(torch, 'get_autocast_dtype'):  # per-device state calls
+        return torch.is_autocast_enabled('cpu'), torch.get_autocast_dtype('cpu')
+    return torch.is_autocast_cpu_enabled(), torch.get_autocast_cpu_dtype()
 
 
 def _state_probe():
@@ -316,15 +323,17 @@ def call_path(request, monkeypatch):
     """Both ways call_autocast works: per-device setters (torch >= 2.4), or the context."""
     if request.param == 'context':
         monkeypatch.setattr(_torch, '_HAS_DEVICE_AUTOCAST_STATE', False)
+    elif not _torch._HAS_DEVICE_AUTOCAST_STATE:
+        pytest.skip('torch has no per-device autocast state setters (set_autocast_dtype)')
     return request.param
 
 
 @pytest.mark.usefixtures('call_path')
-@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize('dtype', LOW_DTYPES)
 def test_call_autocast_enables(dtype):
     state, mm_dtype = _torch.call_autocast('cpu', dtype, True, _state_probe)
     assert state == (True, dtype) and mm_dtype == dtype
-    assert torch.is_autocast_enabled('cpu') is False
+    assert _cpu_state()[0] is False
     assert _mm().dtype == torch.float32
 
 
@@ -337,16 +346,17 @@ def test_call_autocast_passes_arguments_and_result():
 
 @pytest.mark.usefixtures('call_path')
 def test_call_autocast_disables_and_restores_outer():
-    with torch.autocast('cpu', dtype=torch.float16):
+    outer = LOW_DTYPES[0]  # float16 where CPU autocast has it: unlike the inner bfloat16
+    with torch.autocast('cpu', dtype=outer):
         state, mm_dtype = _torch.call_autocast('cpu', None, False, _state_probe)
         assert state[0] is False and mm_dtype == torch.float32
-        assert _cpu_state() == (True, torch.float16)
+        assert _cpu_state() == (True, outer)
         # dtype None inside an enabled region keeps the region's dtype.
         state, _ = _torch.call_autocast('cpu', None, True, _state_probe)
-        assert state == (True, torch.float16)
+        assert state == (True, outer)
         state, _ = _torch.call_autocast('cpu', torch.bfloat16, True, _state_probe)
         assert state == (True, torch.bfloat16)
-        assert _cpu_state() == (True, torch.float16)
+        assert _cpu_state() == (True, outer)
 
 
 @pytest.mark.usefixtures('call_path')
@@ -355,11 +365,11 @@ def test_call_autocast_restores_after_exception():
         raise LookupError('inside autocast')
 
     with pytest.raises(LookupError, match='inside autocast'):
-        _torch.call_autocast('cpu', torch.float16, True, boom)
-    assert torch.is_autocast_enabled('cpu') is False
+        _torch.call_autocast('cpu', LOW, True, boom)
+    assert _cpu_state()[0] is False
     with torch.autocast('cpu', dtype=torch.bfloat16):
         with pytest.raises(LookupError):
-            _torch.call_autocast('cpu', torch.float16, False, boom)
+            _torch.call_autocast('cpu', LOW, False, boom)
         assert _cpu_state() == (True, torch.bfloat16)
         assert _mm().dtype == torch.bfloat16
 
@@ -369,7 +379,7 @@ def test_call_autocast_unsupported_dtype_runs_without_autocast():
         warnings.simplefilter('ignore', UserWarning)  # torch warns about the dtype
         state, mm_dtype = _torch.call_autocast('cpu', torch.float64, True, _state_probe)
     assert state[0] is False and mm_dtype == torch.float32
-    assert torch.is_autocast_enabled('cpu') is False
+    assert _cpu_state()[0] is False
 
 
 def test_call_autocast_unsupported_dtype_cached_answer():
@@ -441,6 +451,8 @@ def test_call_autocast_old_torch(old_torch):
 
 
 def test_make_grad_scaler_cpu_works():
+    if not _torch.grad_scaler_supports('cpu'):
+        pytest.skip('torch has no GradScaler for cpu here (torch.amp.GradScaler(device))')
     scaler = _torch.make_grad_scaler('cpu', init_scale=256.0, growth_factor=4.0,
                                      backoff_factor=0.25, growth_interval=3)
     assert isinstance(scaler, torch.amp.GradScaler)
@@ -528,14 +540,14 @@ def test_use_emits_no_deprecation_warning(no_backend_env):
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter('always')
-        for dtype in (torch.float16, torch.bfloat16):
+        for dtype in LOW_DTYPES:
             net = fp16utils.wrap_fp16_model(Net(), dtype=dtype)
             out = net(torch.ones(2, 4))
             out.sum().backward()
             with _torch.autocast_for('cpu', dtype):
                 _mm()
             _torch.autocast_state('cpu')
-        _torch.make_grad_scaler('cpu')
+        _torch.make_grad_scaler('cpu', enabled=_torch.grad_scaler_supports('cpu'))
         fp16utils.LossScaler().has_overflow(net.parameters())
     assert out.dtype == torch.float32
     bad = [f'{w.category.__name__}: {w.message}' for w in caught
@@ -576,3 +588,206 @@ def test_group_by_device_and_dtype_accepts_tuple():
     [(key, group)] = _torch.group_by_device_and_dtype(ts)
     assert key == (torch.device('cpu'), torch.float32)
     assert group[0] is ts[0] and group[1] is ts[1]
+
+
+# --------------------------------------------------------------------------- capabilities
+
+
+def _pretend(monkeypatch, kind, device_type, dtype, answer):
+    """Make a capability probe answer ``answer`` (what another torch would find)."""
+    monkeypatch.setitem(_torch._probe_cache, (kind, device_type, dtype), answer)
+
+
+def test_capability_probes_answer_for_the_cpu():
+    for dtype in (torch.float16, torch.bfloat16):
+        assert isinstance(_torch.kernels_support('cpu', dtype), bool)
+        assert isinstance(_torch.autocast_supports('cpu', dtype), bool)
+        assert isinstance(_torch.fused_check_supports('cpu', dtype), bool)
+    assert _torch.kernels_support('cpu', torch.bfloat16)  # every supported torch has these
+    assert _torch.autocast_supports('cpu', torch.bfloat16)
+    assert not _torch.autocast_supports('cpu', torch.float64)
+    assert _torch.device_present('cpu') and not _torch.device_present('no_such_device')
+    assert not _torch.kernels_support('no_such_device', torch.float16)
+
+
+def test_probes_leave_the_autocast_state_as_it_was():
+    before = _cpu_state()
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        _torch._probe_cache.clear()
+        for dtype in (torch.float16, torch.bfloat16, torch.float64):
+            _torch.autocast_supports('cpu', dtype)
+            _torch.autocast_norms_support('cpu', dtype)
+        assert _cpu_state() == (True, torch.bfloat16)
+    assert _cpu_state() == before
+
+
+@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
+def test_backend_for_fails_up_front_without_kernels(monkeypatch, dtype):
+    _pretend(monkeypatch, 'kernels', 'cpu', dtype, False)
+    other = torch.bfloat16 if dtype == torch.float16 else torch.float16
+    name, other_name = str(dtype)[6:], str(other)[6:]
+    for backend in (None, 'native', 'legacy'):
+        with pytest.raises(ValueError, match=f'{name} is not supported on cpu by torch') as info:
+            _torch.backend_for(backend, 'cpu', dtype)
+        if _torch.kernels_support('cpu', other):
+            assert f'use dtype=torch.{other_name}' in str(info.value)
+    _pretend(monkeypatch, 'kernels', 'cpu', other, False)
+    with pytest.raises(ValueError, match='train in float32 there'):
+        _torch.backend_for(None, 'cpu', dtype)
+
+
+def test_backend_for_falls_back_to_legacy_where_autocast_lacks_the_dtype(monkeypatch):
+    _pretend(monkeypatch, 'kernels', 'cpu', torch.float16, True)
+    _pretend(monkeypatch, 'autocast', 'cpu', torch.float16, False)
+    monkeypatch.delenv(_torch.BACKEND_ENV, raising=False)
+    _torch.refresh()
+    assert _torch.backend_for(None, 'cpu', torch.float16) == 'legacy'
+    assert _torch.backend_for('legacy', 'cpu', torch.float16) == 'legacy'
+    with pytest.raises(ValueError, match="backend='native' cannot train float16 on cpu: "
+                                         'torch.autocast does not support float16 on cpu'):
+        _torch.backend_for('native', 'cpu', torch.float16)
+
+
+def test_backend_for_needs_a_grad_scaler_for_float16_only(monkeypatch):
+    for dtype in (torch.float16, torch.bfloat16):
+        _pretend(monkeypatch, 'kernels', 'cpu', dtype, True)
+        _pretend(monkeypatch, 'autocast', 'cpu', dtype, True)
+        _pretend(monkeypatch, 'autocast_norms', 'cpu', dtype, True)
+    monkeypatch.setattr(_torch, '_AMP_GRAD_SCALER', None)  # only torch.cuda.amp.GradScaler
+    monkeypatch.delenv(_torch.BACKEND_ENV, raising=False)
+    _torch.refresh()
+    assert not _torch.grad_scaler_supports('cpu')
+    assert 'GradScaler for cpu' in _torch.native_reason('cpu', torch.float16)
+    assert _torch.backend_for(None, 'cpu', torch.float16) == 'legacy'
+    assert _torch.backend_for(None, 'cpu', torch.bfloat16) == 'native'  # nothing to scale
+    with pytest.raises(ValueError, match="or dtype=torch.bfloat16"):
+        _torch.backend_for('native', 'cpu', torch.float16)
+
+
+def test_backend_for_norms_matter_only_for_models_that_have_them(monkeypatch):
+    _pretend(monkeypatch, 'kernels', 'cpu', torch.bfloat16, True)
+    _pretend(monkeypatch, 'autocast', 'cpu', torch.bfloat16, True)
+    _pretend(monkeypatch, 'autocast_norms', 'cpu', torch.bfloat16, False)
+    monkeypatch.delenv(_torch.BACKEND_ENV, raising=False)
+    _torch.refresh()
+    with_norm = nn.Sequential(nn.Linear(2, 4), nn.GroupNorm(2, 4))
+    assert _torch.backend_for(None, 'cpu', torch.bfloat16, with_norm) == 'legacy'
+    assert _torch.backend_for(None, 'cpu', torch.bfloat16, nn.Linear(2, 2)) == 'native'
+    assert _torch.backend_for(None, 'cpu', torch.bfloat16) == 'native'  # no model to convert
+    assert _torch.backend_for('native', 'cpu', torch.bfloat16, with_norm) == 'native'
+    rows = dict(_torch.capability_rows('cpu'))
+    assert 'legacy for models with Group/LayerNorm' in rows['bfloat16']
+
+
+def test_backend_for_old_torch_is_legacy(old_torch):
+    dtype = _caps.LEGACY_LOW
+    assert _torch.backend_for(None, 'cpu', dtype) == 'legacy'
+    with pytest.raises(ValueError, match='needs torch >= 1.6'):
+        _torch.backend_for('native', 'cpu', dtype)
+
+
+def test_wrappers_and_hooks_choose_legacy_where_native_cannot_run(monkeypatch):
+    import fp16utils
+
+    dtype = _caps.LEGACY_LOW
+    _pretend(monkeypatch, 'autocast', 'cpu', dtype, False)
+    monkeypatch.delenv(_torch.BACKEND_ENV, raising=False)
+    _torch.refresh()
+    model = nn.Linear(2, 2)
+    wrapper = fp16utils.AmpOptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1),
+                                        dtype=dtype, model=model)
+    assert wrapper.backend == 'legacy' and model.weight.dtype == dtype
+    with pytest.raises(ValueError, match='needs the model'):  # native cannot, legacy needs it
+        fp16utils.AmpOptimWrapper(torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1),
+                                  dtype=dtype)
+    net = nn.Linear(2, 2)
+
+    class Runner:
+        meta, iter = {}, 0
+        model = net
+        optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+
+    hook = fp16utils.Fp16OptimizerHook(dtype=dtype, loss_scale='dynamic')
+    hook.before_run(Runner())
+    assert hook.backend == 'legacy' and net.weight.dtype == dtype
+    assert isinstance(hook.loss_scaler, fp16utils.LossScaler)
+    # 'dynamic' re-read for the legacy backend: mmcv's LossScaler default, not GradScaler's.
+    assert hook.loss_scaler.loss_scale == 2.0**32
+
+
+def test_capability_rows_name_every_capability():
+    rows = dict(_torch.capability_rows('cpu'))
+    assert set(rows) == {'float16', 'bfloat16'}
+    for text in rows.values():
+        for word in ('kernels', 'autocast', 'fused overflow check', '->'):
+            assert word in text
+    assert 'GradScaler' in rows['float16'] and 'GradScaler' not in rows['bfloat16']
+
+
+def test_autocast_for_an_unsupported_pair_is_off_without_a_warning():
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')
+        with _torch.autocast_for('cpu', torch.float64):
+            assert _cpu_state()[0] is False
+            assert _mm().dtype == torch.float32
+
+
+@pytest.mark.parametrize('native_hooks', [True, False])
+def test_forward_pre_hook_with_kwargs_on_any_torch(monkeypatch, native_hooks):
+    if native_hooks and not _torch.forward_pre_hook_takes_kwargs():
+        pytest.skip('register_forward_pre_hook takes no with_kwargs here')
+    monkeypatch.setattr(_torch.compat, '_PRE_HOOK_KWARGS', native_hooks)
+
+    class M(nn.Module):
+        def forward(self, x, *, scale=1.0):
+            return x * scale
+
+    m = M()
+    seen = []
+
+    def hook(module, args, kwargs):
+        seen.append((module, kwargs.get('scale')))
+        return (args[0] + 1,), {'scale': kwargs.get('scale', 1.0) * 10}
+
+    handle = _torch.register_forward_pre_hook_with_kwargs(m, hook)
+    assert m(torch.ones(1), scale=2.0).item() == 40.0
+    assert seen == [(m, 2.0)]
+    handle.remove()
+    assert m(torch.ones(1), scale=2.0).item() == 2.0
+    assert 'forward' not in m.__dict__
+
+
+def test_forward_pre_hook_emulation_keeps_a_patched_forward(monkeypatch):
+    monkeypatch.setattr(_torch.compat, '_PRE_HOOK_KWARGS', False)
+    lin = nn.Linear(2, 2)
+    patched = lambda x: x * 0  # noqa: E731 - an instance forward, as patch_norm_fp32 sets
+    lin.forward = patched
+    handle = _torch.register_forward_pre_hook_with_kwargs(lin, lambda m, a, k: None)
+    assert lin(torch.ones(1, 2)).sum().item() == 0.0
+    handle.remove()
+    assert lin.__dict__['forward'] is patched
+
+
+@pytest.mark.parametrize('fused', [True, False])
+def test_foreach_copy(monkeypatch, fused):
+    if fused and _torch.compat._foreach_copy is None:
+        pytest.skip('torch has no torch._foreach_copy_ here')
+    if not fused:
+        monkeypatch.setattr(_torch.compat, '_foreach_copy', None)
+    dst = [torch.zeros(2), torch.zeros(3, dtype=torch.bfloat16)]
+    _torch.foreach_copy_(dst, [torch.ones(2), torch.full((3,), 2.0)])
+    assert dst[0].tolist() == [1.0, 1.0] and dst[1].tolist() == [2.0] * 3
+    assert dst[1].dtype == torch.bfloat16
+
+
+def test_clip_helpers_drop_foreach_where_torch_lacks_it(monkeypatch):
+    p = nn.Parameter(torch.ones(4))
+    p.grad = torch.full((4,), 3.0)
+    monkeypatch.setattr(_torch.compat, '_CLIP_NORM_ARGS', frozenset({'parameters', 'max_norm'}))
+    calls = []
+    monkeypatch.setattr(_torch.compat, '_clip_norm', lambda params, **kw: calls.append(kw) or 1.0)
+    _torch.clip_grad_norm_([p], max_norm=1.0, foreach=None)
+    assert calls == [{'max_norm': 1.0}]
+    monkeypatch.undo()
+    norm = _torch.clip_grad_norm_([p], max_norm=1.0, foreach=None)
+    assert float(norm) == 6.0 and torch.allclose(p.grad.norm(), torch.tensor(1.0))

@@ -2,12 +2,14 @@
 
 import copy
 
+import _caps  # tests/ is on sys.path: see conftest.py
 import pytest
 import torch
 from _roundtrip import pickle_roundtrip, torch_save_roundtrip  # tests/ is on sys.path
 from torch import nn
 
 from fp16utils import (
+    _torch,
     auto_fp16,
     force_fp32,
     patch_forward_method,
@@ -18,6 +20,8 @@ from fp16utils import (
 pytestmark = pytest.mark.usefixtures('no_backend_env')
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
+#: The dtype of the legacy tests: float16 where the CPU has its kernels, else bfloat16.
+LEGACY = _caps.LEGACY_LOW
 
 
 class Block(nn.Module):
@@ -79,18 +83,19 @@ def float_state(module):
 
 def test_native_sets_flags_only_where_present():
     model = make()
-    assert wrap_fp16_model(model, backend='native') is model
+    assert wrap_fp16_model(model, dtype=_caps.LOW, backend='native') is model
     assert model.fp16_enabled is True and model.block.fp16_enabled is True
     for m in (model.plain, model.plain[0], model.plain[2], model.block.conv, model.block.gn):
         assert not hasattr(m, 'fp16_enabled')
     assert all(p.dtype == F32 for p in model.parameters())
     assert all(b.dtype in (F32, torch.int64) for b in model.buffers())
     assert model._fp16_autocast is True
-    assert model.fp16_dtype == F16 and model.block.fp16_dtype == F16
+    assert model.fp16_dtype == _caps.LOW and model.block.fp16_dtype == _caps.LOW
     assert 'forward' not in model.block.gn.__dict__  # no norm patching natively
 
 
 def test_wrap_without_dtype_keeps_existing_fp16_dtype():
+    _caps.require(F16)  # the default dtype
     model = make()
     model.block.fp16_dtype = BF16
     wrap_fp16_model(model)
@@ -100,14 +105,40 @@ def test_wrap_without_dtype_keeps_existing_fp16_dtype():
 
 
 def test_native_is_default_on_current_torch():
-    model = wrap_fp16_model(make())
-    assert model.fp16_enabled is True
+    model = wrap_fp16_model(make(), dtype=_caps.native_norm_dtype())
+    assert model.fp16_enabled is True and model._fp16_autocast is True
     assert model.block.conv.weight.dtype == F32
+
+
+@pytest.mark.parametrize('dtype', _caps.LEGACY_DTYPES)
+def test_automatic_backend_follows_what_torch_supports(dtype):
+    model = wrap_fp16_model(make(), dtype=dtype)
+    native = _caps.auto_backend(dtype) == 'native'
+    assert model._fp16_autocast is native
+    assert model.block.conv.weight.dtype == (F32 if native else dtype)
+    assert model.block.gn.weight.dtype == F32
+    out = model(inputs())
+    assert out.dtype == F32 and torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize('backend', [None, 'native', 'legacy'])
+@pytest.mark.parametrize('dtype', [F16, BF16])
+def test_a_dtype_without_kernels_fails_up_front(monkeypatch, dtype, backend):
+    # What torch without float16 CPU kernels does, on every torch: the probe's answer.
+    monkeypatch.setitem(_torch._probe_cache, ('kernels', 'cpu', dtype), False)
+    other = BF16 if dtype == F16 else F16
+    model = make()
+    with pytest.raises(ValueError, match=f'{_caps.NAMES[dtype]} is not supported on cpu') as info:
+        wrap_fp16_model(model, dtype=dtype, backend=backend)
+    message = str(info.value)
+    if _torch.kernels_support('cpu', other):
+        assert f'use dtype=torch.{_caps.NAMES[other]}' in message
+    assert not model.fp16_enabled and model.block.conv.weight.dtype == F32  # nothing changed
 
 
 @pytest.mark.parametrize('dtype', [BF16, 'bf16'])
 def test_native_records_dtype(dtype):
-    model = wrap_fp16_model(make(), dtype=dtype)
+    model = wrap_fp16_model(make(), dtype=dtype, backend='native')
     assert model.fp16_dtype == BF16 and model.block.fp16_dtype == BF16
     assert not hasattr(model.plain, 'fp16_dtype')
     assert model.block.conv.weight.dtype == F32
@@ -115,6 +146,7 @@ def test_native_records_dtype(dtype):
 
 def test_native_forward_runs_in_low_precision():
     ref, model = make(), wrap_fp16_model(make(), dtype=BF16)
+    assert model._fp16_autocast is (_caps.auto_backend(BF16) == 'native')
     x = inputs()
     out = model(x)
     assert out.dtype == F32
@@ -124,7 +156,7 @@ def test_native_forward_runs_in_low_precision():
 # --------------------------------------------------------------------------- legacy
 
 
-@pytest.mark.parametrize('dtype', [F16, BF16])
+@pytest.mark.parametrize('dtype', _caps.LEGACY_DTYPES)
 def test_legacy_converts_and_keeps_norms_float32(dtype):
     model = make()
     assert wrap_fp16_model(model, dtype=dtype, backend='legacy') is model
@@ -139,7 +171,7 @@ def test_legacy_converts_and_keeps_norms_float32(dtype):
     assert model._fp16_autocast is False
 
 
-@pytest.mark.parametrize('dtype', [F16, BF16])
+@pytest.mark.parametrize('dtype', _caps.LEGACY_DTYPES)
 def test_legacy_forward(dtype):
     ref, model = make(), wrap_fp16_model(make(), dtype=dtype, backend='legacy')
     x = inputs()
@@ -150,8 +182,8 @@ def test_legacy_forward(dtype):
 
 
 def test_legacy_is_default_on_old_torch(old_torch):
-    model = wrap_fp16_model(make())
-    assert model.block.conv.weight.dtype == F16
+    model = wrap_fp16_model(make(), dtype=LEGACY)
+    assert model.block.conv.weight.dtype == LEGACY
     assert model.block.gn.weight.dtype == F32
     assert model._fp16_autocast is False
     with pytest.raises(ValueError, match='1.5.0'):
@@ -160,20 +192,21 @@ def test_legacy_is_default_on_old_torch(old_torch):
 
 def test_legacy_from_env(force_backend):
     force_backend('legacy')
-    model = wrap_fp16_model(make())
-    assert model.block.conv.weight.dtype == F16
+    model = wrap_fp16_model(make(), dtype=LEGACY)
+    assert model.block.conv.weight.dtype == LEGACY
 
 
 @pytest.mark.parametrize('cls', [nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d,
                                  nn.SyncBatchNorm, nn.GroupNorm])
 def test_every_norm_kind_stays_float32(cls):
     norm = cls(2, 4) if cls is nn.GroupNorm else cls(4)
-    model = wrap_fp16_model(nn.Sequential(nn.Linear(4, 4), norm), backend='legacy')
-    assert model[0].weight.dtype == F16
+    model = wrap_fp16_model(nn.Sequential(nn.Linear(4, 4), norm), dtype=LEGACY,
+                            backend='legacy')
+    assert model[0].weight.dtype == LEGACY
     assert model[1].weight.dtype == F32 and model[1].bias.dtype == F32
 
 
-@pytest.mark.parametrize('dtype', [F16, BF16])
+@pytest.mark.parametrize('dtype', _caps.LEGACY_DTYPES)
 def test_group_norm_half_in_half_out(dtype):
     torch.manual_seed(0)
     ref = nn.GroupNorm(2, 4)
@@ -193,11 +226,12 @@ def test_group_norm_half_in_half_out(dtype):
 
 def test_batch_norm_half_input():
     bn = nn.BatchNorm2d(3).eval()
-    wrap_fp16_model(nn.Sequential(bn), backend='legacy')
+    wrap_fp16_model(nn.Sequential(bn), dtype=LEGACY, backend='legacy')
     x = torch.randn(2, 3, 4, 4)
-    out = bn(x.half())
-    assert out.dtype == F16
-    assert torch.allclose(out.float(), nn.BatchNorm2d(3).eval()(x), atol=1e-2)
+    out = bn(x.to(LEGACY))
+    assert out.dtype == LEGACY
+    tol = 1e-2 if LEGACY == F16 else 5e-2
+    assert torch.allclose(out.float(), nn.BatchNorm2d(3).eval()(x), atol=tol)
 
 
 def test_wrap_type_error_on_non_module():
@@ -301,13 +335,13 @@ def test_patch_forward_method_bound_method_on_module():
 def legacy_gn_model():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 4), nn.GroupNorm(2, 4))
-    return wrap_fp16_model(model, backend='legacy')
+    return wrap_fp16_model(model, dtype=LEGACY, backend='legacy')
 
 
 def test_deepcopy_group_norm_runs_copy_parameters():
     original = legacy_gn_model()
     clone = copy.deepcopy(original)
-    x = torch.randn(3, 4).half()
+    x = torch.randn(3, 4).to(LEGACY)
     before = original(x)
     assert torch.equal(clone(x), before)
 
@@ -317,19 +351,19 @@ def test_deepcopy_group_norm_runs_copy_parameters():
     assert torch.equal(original(x), before)  # the original is not affected
     changed = clone(x)
     assert not torch.equal(changed, before)
-    assert changed.dtype == F16
+    assert changed.dtype == LEGACY
 
     with torch.no_grad():
         original[1].weight.fill_(0.0)
     assert torch.equal(clone(x), changed)  # nor the copy by the original
-    assert torch.equal(original(x), original[1].bias.half().expand(3, 4))
+    assert torch.equal(original(x), original[1].bias.to(LEGACY).expand(3, 4))
 
 
 def test_deepcopy_keeps_flags_and_patches():
-    model = wrap_fp16_model(make(), backend='legacy')
+    model = wrap_fp16_model(make(), dtype=LEGACY, backend='legacy')
     clone = copy.deepcopy(model)
     assert clone.fp16_enabled is True and clone._fp16_autocast is False
-    assert clone.block.gn.weight.dtype == F32 and clone.block.conv.weight.dtype == F16
+    assert clone.block.gn.weight.dtype == F32 and clone.block.conv.weight.dtype == LEGACY
     x = inputs()
     assert torch.equal(clone(x), model(x))
 
@@ -337,7 +371,8 @@ def test_deepcopy_keeps_flags_and_patches():
 @pytest.mark.parametrize('roundtrip', [pickle_roundtrip, torch_save_roundtrip])
 @pytest.mark.parametrize('backend', ['legacy', 'native'])
 def test_whole_model_serialization(roundtrip, backend):
-    model = wrap_fp16_model(make(), backend=backend)
+    dtype = LEGACY if backend == 'legacy' else _caps.native_norm_dtype()
+    model = wrap_fp16_model(make(), dtype=dtype, backend=backend)
     loaded = roundtrip(model)
     x = inputs()
     expected = model(x)
@@ -348,7 +383,7 @@ def test_whole_model_serialization(roundtrip, backend):
     if backend == 'legacy':
         gn = loaded.block.gn
         assert gn.weight.dtype == F32
-        assert gn(torch.randn(1, 4, 2, 2).half()).dtype == F16
+        assert gn(torch.randn(1, 4, 2, 2).to(dtype)).dtype == dtype
         with torch.no_grad():
             gn.weight.fill_(3.0)
         assert torch.equal(model(x), expected)  # the loaded GN runs its own weights
@@ -356,13 +391,13 @@ def test_whole_model_serialization(roundtrip, backend):
 
 
 def test_state_dict_roundtrip_into_fresh_model():
-    source = wrap_fp16_model(make(seed=0), backend='legacy')
-    target = wrap_fp16_model(make(seed=123), backend='legacy')
+    source = wrap_fp16_model(make(seed=0), dtype=LEGACY, backend='legacy')
+    target = wrap_fp16_model(make(seed=123), dtype=LEGACY, backend='legacy')
     x = inputs()
     assert not torch.equal(source(x), target(x))
     state = source.state_dict()
     assert set(state) == set(make().state_dict())  # patching adds no keys
-    assert state['block.conv.weight'].dtype == F16
+    assert state['block.conv.weight'].dtype == LEGACY
     assert state['block.gn.weight'].dtype == F32
     target.load_state_dict(state)
     assert torch.equal(target(x), source(x))
@@ -371,7 +406,8 @@ def test_state_dict_roundtrip_into_fresh_model():
 
 def test_state_dict_from_float32_model_into_wrapped():
     ref = make(seed=0)
-    target = wrap_fp16_model(make(seed=5), backend='legacy')
+    target = wrap_fp16_model(make(seed=5), dtype=LEGACY, backend='legacy')
     target.load_state_dict(ref.state_dict())
-    assert target.block.conv.weight.dtype == F16  # load_state_dict copies into place
-    assert torch.allclose(target(inputs()), ref(inputs()), atol=2e-2, rtol=2e-2)
+    assert target.block.conv.weight.dtype == LEGACY  # load_state_dict copies into place
+    tol = 2e-2 if LEGACY == F16 else 1e-1
+    assert torch.allclose(target(inputs()), ref(inputs()), atol=tol, rtol=tol)

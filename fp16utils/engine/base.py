@@ -19,6 +19,7 @@ from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Tup
 import torch
 from torch import nn
 
+from .. import _torch
 from .._spec import (
     SCALE_HISTORY_LEN,
     check_state_keys,
@@ -64,8 +65,8 @@ def _clip(params: List[_Tensor], clip: Clip) -> Optional[_Tensor]:
     """Clip the gradients of ``params``; return the total norm (norm clipping) or None."""
     kind, kwargs = clip
     if kind == 'norm':
-        return torch.nn.utils.clip_grad_norm_(params, **kwargs)
-    torch.nn.utils.clip_grad_value_(params, **kwargs)
+        return _torch.clip_grad_norm_(params, **kwargs)
+    _torch.clip_grad_value_(params, **kwargs)
     return None
 
 

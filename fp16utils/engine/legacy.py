@@ -143,13 +143,13 @@ class LegacyEngine(StepEngine):
             src.append(grad)
             dst.append(mgrad)
         if dst:
-            torch._foreach_copy_(dst, src)
+            _torch.foreach_copy_(dst, src)
         return dst
 
     def copy_masters_to_model(self) -> None:
         """Copy the float32 masters into the (half) model's parameters."""
         with torch.no_grad():
-            torch._foreach_copy_(self.model_params, self._masters)
+            _torch.foreach_copy_(self.model_params, self._masters)
 
     def step(self, optimizer: torch.optim.Optimizer, step: int,
              kwargs: Mapping[str, Any]) -> bool:
@@ -200,7 +200,7 @@ class LegacyEngine(StepEngine):
         with torch.no_grad():
             if masters is None:
                 if reread:
-                    torch._foreach_copy_(self._masters, self.model_params)
+                    _torch.foreach_copy_(self._masters, self.model_params)
                 return
-            torch._foreach_copy_(self._masters, list(masters))
-            torch._foreach_copy_(self.model_params, self._masters)
+            _torch.foreach_copy_(self._masters, list(masters))
+            _torch.foreach_copy_(self.model_params, self._masters)

@@ -200,9 +200,11 @@ class AmpOptimWrapper(OptimWrapper):
         #: The ``dtype`` argument as a torch dtype (None stays None), as MMEngine keeps it.
         self.cast_dtype: Optional[torch.dtype] = None if dtype is None else self.dtype
         self.use_fsdp = use_fsdp
-        self.backend: str = _torch.resolve_backend(backend)
         if model is not None and not isinstance(model, nn.Module):
             raise TypeError(f'{owner}: model must be an nn.Module, got {type(model).__name__}.')
+        params = flat_params(optimizer)
+        self.backend: str = _torch.backend_for(
+            backend, params[0].device.type if params else 'cpu', self.dtype, model)
         self._ctx_model: Optional[weakref.ref] = None
         self._ctx_owner: Optional[weakref.ref] = None
         self._ctx_name = ''
@@ -403,7 +405,7 @@ class _CastIO:
         return cast_tensor_type(output, self.dtype, torch.float32)
 
     def __enter__(self) -> None:
-        self.handles = (self.model.register_forward_pre_hook(self._pre, with_kwargs=True),
+        self.handles = (_torch.register_forward_pre_hook_with_kwargs(self.model, self._pre),
                         self.model.register_forward_hook(self._post))
 
     def __exit__(self, *exc: Any) -> None:

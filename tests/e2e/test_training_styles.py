@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import io
 
-import _runner as R  # tests/ is on sys.path: see conftest.py
+import _caps  # tests/ is on sys.path: see conftest.py
+import _runner as R
 import pytest
 import torch
 import torch.nn.functional as F
@@ -38,15 +39,21 @@ def backend(request, monkeypatch):
     fp16utils._torch.refresh()
 
 
-def train_0x(data, backend, cumulative=1, opt_cls=torch.optim.Adam, loss_scale=512.0):
+def float16_scaling(backend):
+    """Skip unless the CPU trains float16 with ``backend`` (None: the automatic one) here."""
+    _caps.require(torch.float16, 'native' if backend == 'native' else None)
+
+
+def train_0x(data, backend, cumulative=1, opt_cls=torch.optim.Adam, loss_scale=512.0,
+             dtype=None):
     """mmcv style: the model's @auto_fp16 forward, a runner and the optimizer hook."""
     if cumulative == 1:
         hook = Fp16OptimizerHook(loss_scale=loss_scale, backend=backend,
-                                 grad_clip=dict(max_norm=5.0))
+                                 grad_clip=dict(max_norm=5.0), dtype=dtype)
     else:
         hook = GradientCumulativeFp16OptimizerHook(
             cumulative_iters=cumulative, loss_scale=loss_scale, backend=backend,
-            grad_clip=dict(max_norm=5.0))
+            grad_clip=dict(max_norm=5.0), dtype=dtype)
     model = R.Net()
     runner = R.MiniRunner(model, opt_cls(model.parameters(), lr=1e-2), [hook],
                           max_iters=len(data), meta={})
@@ -54,13 +61,14 @@ def train_0x(data, backend, cumulative=1, opt_cls=torch.optim.Adam, loss_scale=5
     return model, runner.optimizer, hook
 
 
-def train_1x(data, backend, cumulative=1, opt_cls=torch.optim.Adam, loss_scale=512.0):
+def train_1x(data, backend, cumulative=1, opt_cls=torch.optim.Adam, loss_scale=512.0,
+             dtype=None):
     """MMEngine style: optim_context around the forward, update_params on the loss."""
     model = R.Net()
     wrapper = build_optim_wrapper(model, dict(
         type='AmpOptimWrapper', optimizer=dict(type=opt_cls.__name__, lr=1e-2),
         accumulative_counts=cumulative, clip_grad=dict(max_norm=5.0), loss_scale=loss_scale,
-        backend=backend))
+        backend=backend, dtype=dtype))
     wrapper.initialize_count_status(model, 0, len(data))
     for x, y in data:
         with wrapper.optim_context(model):
@@ -72,6 +80,7 @@ def train_1x(data, backend, cumulative=1, opt_cls=torch.optim.Adam, loss_scale=5
 @pytest.mark.parametrize('cumulative', [1, 3])
 @pytest.mark.parametrize('opt_cls', [torch.optim.SGD, torch.optim.Adam])
 def test_0x_hook_and_1x_wrapper_reach_the_same_parameters(backend, cumulative, opt_cls):
+    float16_scaling(backend)
     data = R.make_data(7)
     data[2] = R.overflow_batch()  # one skipped update in each style
     model_0x, opt_0x, hook = train_0x(data, backend, cumulative, opt_cls)
@@ -91,17 +100,21 @@ def test_0x_hook_and_1x_wrapper_reach_the_same_parameters(backend, cumulative, o
 def test_accumulation_equals_a_large_batch_in_both_styles(backend):
     small = R.make_data(4, batch_size=2)
     large = [(torch.cat([b[0] for b in small]), torch.cat([b[1] for b in small]))]
+    dtype = _caps.train_dtype(backend)
+    atol = 1e-3 if dtype == torch.float16 else 1e-2
     results = []
     for train in (train_0x, train_1x):
-        _, acc_opt, _ = train(small, backend, cumulative=4, opt_cls=torch.optim.SGD)
-        _, big_opt, _ = train(large, backend, cumulative=1, opt_cls=torch.optim.SGD)
+        _, acc_opt, _ = train(small, backend, cumulative=4, opt_cls=torch.optim.SGD,
+                              dtype=dtype)
+        _, big_opt, _ = train(large, backend, cumulative=1, opt_cls=torch.optim.SGD,
+                              dtype=dtype)
         acc = [p for g in acc_opt.param_groups for p in g['params']]
         big = [p for g in big_opt.param_groups for p in g['params']]
         for a, b in zip(acc, big):
-            torch.testing.assert_close(a, b, rtol=0, atol=1e-3)
+            torch.testing.assert_close(a, b, rtol=0, atol=atol)
         results.append(acc)
     for a, b in zip(*results):
-        torch.testing.assert_close(a, b, rtol=0, atol=1e-3)
+        torch.testing.assert_close(a, b, rtol=0, atol=atol)
 
 
 # ------------------------------------------------------------------------ GAN
@@ -162,6 +175,7 @@ def gan_cfg(backend):
 
 
 def test_gan_trains_through_optim_wrapper_dict_with_its_own_counts_and_scales(backend):
+    float16_scaling(backend)
     gan = GAN()
     initial = {k: v.clone() for k, v in gan.state_dict().items()}
     wrappers = build_optim_wrapper(gan, gan_cfg(backend))
@@ -182,6 +196,7 @@ def test_gan_trains_through_optim_wrapper_dict_with_its_own_counts_and_scales(ba
 
 
 def test_gan_resumes_bit_identically(backend):
+    float16_scaling(backend)
     data = gan_data(8, overflow_at=2)
 
     def fresh():

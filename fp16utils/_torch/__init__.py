@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from typing import Any, Callable, ContextManager, Sequence
 
 import torch
@@ -26,6 +27,21 @@ __all__ = [
     'BACKENDS',
     'TORCH_VERSION',
     'autocast_for',
+    'autocast_norms_support',
+    'autocast_supports',
+    'backend_for',
+    'capability_rows',
+    'check_dtype',
+    'clip_grad_norm_',
+    'clip_grad_value_',
+    'device_present',
+    'foreach_copy_',
+    'forward_pre_hook_takes_kwargs',
+    'fused_check_supports',
+    'grad_scaler_supports',
+    'kernels_support',
+    'native_reason',
+    'register_forward_pre_hook_with_kwargs',
     'autocast_state',
     'backend_reason',
     'call_autocast',
@@ -38,10 +54,19 @@ __all__ = [
     'refresh',
     'resolve_backend',
     'resolve_dtype',
+    # private torch state (state.py)
+    'dispatch_mode_active',
+    'grad_scaler_changes',
+    'grad_scaler_found_inf',
+    'grad_scaler_started',
+    'observe_grad_scaler',
+    'optimizer_handles_unscaling',
+    'quiet_grad_scaler_load',
+    'quiet_grad_scaler_update',
 ]
 
 #: The running torch version string, e.g. ``'2.13.0+cpu'``. Tests patch it.
-TORCH_VERSION: str = torch.__version__
+TORCH_VERSION: str = str(torch.__version__)  # a plain str (dynamo hashes it as a key)
 
 #: Environment variable that forces a backend for the whole process.
 BACKEND_ENV = 'FP16UTILS_BACKEND'
@@ -282,23 +307,13 @@ def autocast_for(device_type: str, dtype: torch.dtype | None = None,
         if device_type == 'cuda':
             return torch.cuda.amp.autocast(enabled=enabled)
         return contextlib.nullcontext()
+    if dtype is not None and not autocast_supports(device_type, dtype):
+        # torch.autocast warns for such a pair (older torch raises on entry); off is
+        # what it would give, and the dtype of a disabled autocast does not matter.
+        return torch.autocast(device_type=device_type, enabled=False)
     if dtype is None:
         return torch.autocast(device_type=device_type, enabled=enabled)
     return torch.autocast(device_type=device_type, dtype=dtype, enabled=enabled)
-
-
-def _autocast_supported(device_type: str, dtype: torch.dtype) -> bool:
-    """Whether torch accepts autocast to ``dtype`` on ``device_type`` (cached).
-
-    torch.autocast itself validates the pair (and warns once when it is not
-    supported); the answer is kept so the fast path never repeats that work.
-    """
-    key = (device_type, dtype)
-    ok = _supported_cache.get(key)
-    if ok is None:
-        ok = bool(torch.autocast(device_type=device_type, dtype=dtype)._enabled)
-        _supported_cache[key] = ok
-    return ok
 
 
 def call_autocast(device_type: str, dtype: torch.dtype | None, enabled: bool,
@@ -338,10 +353,8 @@ def call_autocast(device_type: str, dtype: torch.dtype | None, enabled: bool,
             return func(*args, **kwargs)
     prev_enabled = _is_autocast_enabled(device_type)
     prev_dtype = _get_autocast_dtype(device_type)
-    if enabled:
-        key = (device_type, dtype or prev_dtype)
-        if not (_supported_cache.get(key) or _autocast_supported(*key)):
-            enabled = False
+    if enabled and not autocast_supports(device_type, dtype or prev_dtype):
+        enabled = False
     _set_autocast_enabled(device_type, enabled)
     if dtype is not None:
         _set_autocast_dtype(device_type, dtype)
@@ -355,7 +368,6 @@ def call_autocast(device_type: str, dtype: torch.dtype | None, enabled: bool,
         _set_autocast_dtype(device_type, prev_dtype)
 
 
-_supported_cache: dict[tuple[str, torch.dtype], bool] = {}
 _is_compiling: Callable[[], bool] = getattr(
     getattr(torch, 'compiler', None), 'is_compiling', lambda: False)
 # Bound once: call_autocast's eager path runs per decorated call (the per-device
@@ -389,18 +401,21 @@ def make_grad_scaler(device_type: str = 'cuda', *, init_scale: float = 2.0**16,
         A GradScaler.
 
     Example:
-        >>> make_grad_scaler('cpu', init_scale=512.0).get_scale()
-        512.0
+        >>> scaler = make_grad_scaler('cuda', init_scale=512.0, enabled=False)
+        >>> scaler.scale(torch.tensor(3.0)).item()  # disabled: a pass-through, any device
+        3.0
     """
     if not has_native_amp():
         raise RuntimeError(
             f'torch {TORCH_VERSION} has no native GradScaler; use the legacy backend '
             "(backend='legacy'), which scales with fp16utils.LossScaler.")
-    if _AMP_GRAD_SCALER is None:  # torch < 2.3: only the CUDA GradScaler exists
-        if device_type != 'cuda':
+    if _AMP_GRAD_SCALER is None:  # only torch.cuda.amp.GradScaler, no device argument
+        if device_type != 'cuda' and enabled:
             raise RuntimeError(
-                f'torch {TORCH_VERSION} has a GradScaler for cuda only, not for '
-                f'{device_type!r}; upgrade torch (>= 2.3) or use the legacy backend.')
+                f'torch {torch.__version__} has a GradScaler for cuda only, not for '
+                f'{device_type!r} (no torch.amp.GradScaler(device)); use the legacy backend '
+                "(backend='legacy'), or bfloat16, which needs no loss scaling.")
+        # A disabled scaler only passes the loss through, whatever the device.
         return torch.cuda.amp.GradScaler(
             init_scale=init_scale, growth_factor=growth_factor,
             backoff_factor=backoff_factor, growth_interval=growth_interval,
@@ -428,15 +443,18 @@ def autocast_state(device_type: str) -> tuple[bool, torch.dtype | None]:
         ...     autocast_state('cpu')
         (True, torch.bfloat16)
     """
-    if _HAS_DEVICE_AUTOCAST_STATE:  # torch >= 2.4
+    if _HAS_DEVICE_AUTOCAST_STATE:  # per-device state calls
         return (torch.is_autocast_enabled(device_type),
                 torch.get_autocast_dtype(device_type))
     if device_type == 'cuda':
         get_dtype = getattr(torch, 'get_autocast_gpu_dtype', None)
         return (torch.is_autocast_enabled(),
                 get_dtype() if get_dtype is not None else torch.float16)
-    if device_type == 'cpu' and hasattr(torch, 'is_autocast_cpu_enabled'):
-        return torch.is_autocast_cpu_enabled(), torch.get_autocast_cpu_dtype()
+    # One pair of functions per device: is_autocast_cpu_enabled/get_autocast_cpu_dtype, ...
+    is_enabled = getattr(torch, f'is_autocast_{device_type}_enabled', None)
+    get_dtype = getattr(torch, f'get_autocast_{device_type}_dtype', None)
+    if is_enabled is not None and get_dtype is not None:
+        return bool(is_enabled()), get_dtype()
     return False, None
 
 
@@ -459,6 +477,9 @@ def group_by_device_and_dtype(
         return []
     if _c_group is not None:
         grouped = _c_group([list(tensors)], False)
+        if _C_GROUP_NAMES_DTYPES:  # some torch keys the groups by the dtype's name
+            return [((key[0], getattr(torch, key[1])), value[0][0])
+                    for key, value in grouped.items()]
         return [(key, value[0][0]) for key, value in grouped.items()]
     groups: dict[tuple[Any, Any], list[torch.Tensor]] = {}
     for t in tensors:
@@ -467,165 +488,142 @@ def group_by_device_and_dtype(
 
 
 _c_group = getattr(torch._C, '_group_tensors_by_device_and_dtype', None)
+_C_GROUP_NAMES_DTYPES = _c_group is not None and isinstance(
+    next(iter(_c_group([[torch.ones(1)]], False)))[1], str)
 # Feature flags (what the installed torch has, whatever TORCH_VERSION says).
 _HAS_DEVICE_AUTOCAST = hasattr(torch, 'autocast')  # torch >= 1.10
 _HAS_DEVICE_AUTOCAST_STATE = hasattr(torch, 'get_autocast_dtype')  # torch >= 2.4
 _AMP_GRAD_SCALER = getattr(getattr(torch, 'amp', None), 'GradScaler', None)  # >= 2.3
 
 
-# --------------------------------------------------------------------------- private torch state
+# --------------------------------------------------------------------------- probes
 #
-# Every read of torch's private state goes through one of these helpers. Each
-# says what it relies on, and falls back to public behaviour where it can.
+# What the installed torch can do is found by trying it once per process (see
+# the capability rules in :mod:`fp16utils._torch.caps`); the probes that the hot
+# paths need live here, the others in ``caps``.
 
 
-def optimizer_handles_unscaling(optimizer: Any) -> bool:
-    """Whether ``optimizer.step`` unscales and skips by itself (``fused=True`` optimizers).
-
-    Relies on the private ``_step_supports_amp_scaling`` flag that torch's
-    fused optimizers set (torch >= 2.0); False where it is absent.
-
-    Example:
-        >>> optimizer_handles_unscaling(torch.optim.SGD([torch.nn.Parameter(torch.ones(1))],
-        ...                                              lr=1.0))
-        False
-    """
-    return bool(getattr(optimizer, '_step_supports_amp_scaling', False))
+_LOW_NAMES = {torch.float16: 'float16', torch.bfloat16: 'bfloat16'}
+_probe_cache: dict[tuple[str, str, Any], bool] = {}
 
 
-def grad_scaler_started(scaler: Any) -> bool:
-    """Whether ``scaler`` has scaled a loss yet (made its scale tensor).
+def _cached_probe(kind: str, device_type: str, dtype: Any,
+                  probe: Callable[[], bool]) -> bool:
+    key = (kind, device_type, dtype)
+    ok = _probe_cache.get(key)
+    if ok is None:
+        with warnings.catch_warnings():
+            warnings.simplefilter('ignore')
+            try:
+                ok = bool(probe())
+            except Exception:  # noqa: BLE001 - whatever torch raises means "cannot"
+                ok = False
+        _probe_cache[key] = ok
+    return ok
 
-    Relies on GradScaler's private ``_scale`` attribute (None until the
-    first ``scale()``); a scaler without it counts as started.
 
-    Example:
-        >>> scaler = make_grad_scaler('cpu')
-        >>> before = grad_scaler_started(scaler)
-        >>> _ = scaler.scale(torch.ones(1))
-        >>> before, grad_scaler_started(scaler)
-        (False, True)
-    """
-    return getattr(scaler, '_scale', True) is not None
-
-
-def grad_scaler_found_inf(scaler: Any, optimizer: Any) -> dict[Any, torch.Tensor]:
-    """The per-device found-inf flags that ``scaler.unscale_(optimizer)`` recorded.
-
-    Uses GradScaler's private ``_found_inf_per_device`` (or, on older torch,
-    its ``_per_optimizer_states``). Call it after ``unscale_`` and before
-    ``update``; the flags are device tensors (reading them syncs).
+def device_present(device_type: str) -> bool:
+    """Whether a device of this type is usable here (``'cpu'`` always is).
 
     Example:
-        >>> p = torch.nn.Parameter(torch.ones(1)); opt = torch.optim.SGD([p], lr=1.0)
-        >>> scaler = make_grad_scaler('cpu')
-        >>> scaler.scale(p.sum()).backward(); scaler.unscale_(opt)
-        >>> [bool(flag) for flag in grad_scaler_found_inf(scaler, opt).values()]
-        [False]
+        >>> device_present('cpu')
+        True
     """
-    getter = getattr(scaler, '_found_inf_per_device', None)
-    if getter is not None:
-        return getter(optimizer)
-    return scaler._per_optimizer_states[id(optimizer)]['found_inf_per_device']
+    if device_type in ('cpu', 'meta'):
+        return True
+    if device_type == 'cuda':
+        return torch.cuda.is_available()
+    if device_type == 'mps':
+        mps = getattr(torch.backends, 'mps', None)
+        return bool(mps is not None and mps.is_available())
+    module = getattr(torch, device_type, None)
+    is_available = getattr(module, 'is_available', None)
+    if is_available is None:
+        return False
+    try:
+        return bool(is_available())
+    except Exception:  # noqa: BLE001
+        return False
 
 
-class _ObservedScaler:
-    """Mixin for a GradScaler: counts the state changes made from outside fp16utils.
+def autocast_supports(device_type: str, dtype: torch.dtype) -> bool:
+    """Whether ``torch.autocast`` accepts ``dtype`` on the device (tried once).
 
-    ``load_state_dict`` and ``update(new_scale)`` bump ``_fp16utils_changes``,
-    so an owner that mirrors the scale on the host (to read it without a
-    device sync) can tell that its mirror is stale. fp16utils makes its own
-    calls through :func:`quiet_grad_scaler_update` / :func:`quiet_grad_scaler_load`.
-    A pickled or deep-copied scaler is a plain GradScaler again.
-    """
-
-    _fp16utils_base: type
-    _fp16utils_changes = 0
-
-    def load_state_dict(self, state_dict: Any) -> None:
-        super().load_state_dict(state_dict)  # type: ignore[misc]
-        self._fp16utils_changes += 1
-
-    def update(self, new_scale: Any = None) -> None:
-        super().update(new_scale)  # type: ignore[misc]
-        if new_scale is not None:
-            self._fp16utils_changes += 1
-
-    def __reduce_ex__(self, protocol: Any) -> Any:
-        state = self.__getstate__()  # type: ignore[misc]
-        state.pop('_fp16utils_changes', None)
-        return _plain_grad_scaler, (self._fp16utils_base, state)
-
-    def __deepcopy__(self, memo: Any) -> Any:
-        import copy
-
-        state = copy.deepcopy(self.__getstate__(), memo)  # type: ignore[misc]
-        state.pop('_fp16utils_changes', None)
-        return _plain_grad_scaler(self._fp16utils_base, state)
-
-
-def _plain_grad_scaler(cls: type, state: dict[str, Any]) -> Any:
-    scaler = cls.__new__(cls)
-    scaler.__setstate__(state)
-    return scaler
-
-
-_OBSERVED_CLASSES: dict[type, type] = {}
-
-
-def observe_grad_scaler(scaler: Any) -> Any:
-    """Make ``scaler`` count the state changes made to it from outside fp16utils.
-
-    Read the count with :func:`grad_scaler_changes`. The scaler stays an
-    instance of its class (a subclass is swapped in).
+    torch.autocast itself validates the pair: it warns and turns itself off
+    (some versions raise on entry) when the pair is not supported; either
+    answer is kept, so the fast path never repeats that work.
 
     Example:
-        >>> scaler = observe_grad_scaler(make_grad_scaler('cpu', init_scale=8.0))
-        >>> before = grad_scaler_changes(scaler)
-        >>> scaler.load_state_dict(dict(scaler.state_dict(), scale=4.0))
-        >>> grad_scaler_changes(scaler) - before, scaler.get_scale()
-        (1, 4.0)
+        >>> autocast_supports('cpu', torch.bfloat16)
+        True
     """
-    base = type(scaler)
-    if isinstance(scaler, _ObservedScaler):
-        return scaler
-    cls = _OBSERVED_CLASSES.get(base)
-    if cls is None:
-        cls = type(base.__name__, (_ObservedScaler, base), {'_fp16utils_base': base})
-        cls.__module__ = base.__module__
-        _OBSERVED_CLASSES[base] = cls
-    scaler.__class__ = cls
-    return scaler
+    ok = _probe_cache.get(('autocast', device_type, dtype))  # the per-call fast path
+    if ok is not None:
+        return ok
+
+    def probe() -> bool:
+        if not device_present(device_type):
+            return False
+        if not _HAS_DEVICE_AUTOCAST:  # only torch.cuda.amp.autocast (float16)
+            return device_type == 'cuda' and dtype == torch.float16
+        ctx = torch.autocast(device_type=device_type, dtype=dtype)
+        if not getattr(ctx, '_enabled', True):
+            return False
+        before = autocast_state(device_type)
+        try:
+            with ctx:
+                inside = autocast_state(device_type)
+        finally:
+            _restore_autocast_state(device_type, before)
+        return inside[1] in (None, dtype)
+    return _cached_probe('autocast', device_type, dtype, probe)
 
 
-def grad_scaler_changes(scaler: Any) -> int:
-    """How many outside ``load_state_dict`` / ``update(new_scale)`` calls ``scaler`` had."""
-    return getattr(scaler, '_fp16utils_changes', 0)
+def _restore_autocast_state(device_type: str, state: tuple[bool, Any]) -> None:
+    """Undo a half-entered autocast (an entry that raised after changing the state)."""
+    if autocast_state(device_type) == state or state[1] is None:
+        return
+    enabled, dtype = state
+    if _HAS_DEVICE_AUTOCAST_STATE:
+        torch.set_autocast_enabled(device_type, enabled)
+        torch.set_autocast_dtype(device_type, dtype)
+    elif device_type == 'cuda':
+        torch.set_autocast_enabled(enabled)
+    else:
+        set_enabled = getattr(torch, f'set_autocast_{device_type}_enabled', None)
+        set_dtype = getattr(torch, f'set_autocast_{device_type}_dtype', None)
+        if set_enabled is not None:
+            set_enabled(enabled)
+        if set_dtype is not None:
+            set_dtype(dtype)
 
 
-def quiet_grad_scaler_update(scaler: Any, new_scale: Any = None) -> None:
-    """``scaler.update(new_scale)`` without counting it as an outside change."""
-    base = getattr(scaler, '_fp16utils_base', None)
-    (base.update if base is not None else type(scaler).update)(scaler, new_scale)
-
-
-def quiet_grad_scaler_load(scaler: Any, state: Any) -> None:
-    """``scaler.load_state_dict(state)`` without counting it as an outside change."""
-    base = getattr(scaler, '_fp16utils_base', None)
-    (base.load_state_dict if base is not None else type(scaler).load_state_dict)(scaler, state)
-
-
-_dispatch_stack_len = getattr(torch._C, '_len_torch_dispatch_stack', None)
-
-
-def dispatch_mode_active() -> bool:
-    """Whether a torch dispatch mode (fake or meta tensors, tracing) is on.
-
-    Reads torch's private ``torch._C._len_torch_dispatch_stack``; False where
-    torch lacks it (no dispatch modes there).
-
-    Example:
-        >>> dispatch_mode_active()
-        False
-    """
-    return bool(_dispatch_stack_len is not None and _dispatch_stack_len())
+# The rest of the torch layer, one concern a module, re-exported here so that the
+# package reads ``_torch.name`` whatever module defines it.
+from .caps import (  # noqa: E402
+    autocast_norms_support,
+    backend_for,
+    capability_rows,
+    check_dtype,
+    fused_check_supports,
+    grad_scaler_supports,
+    kernels_support,
+    native_reason,
+)
+from .compat import (  # noqa: E402
+    clip_grad_norm_,
+    clip_grad_value_,
+    foreach_copy_,
+    forward_pre_hook_takes_kwargs,
+    register_forward_pre_hook_with_kwargs,
+)
+from .state import (  # noqa: E402
+    dispatch_mode_active,
+    grad_scaler_changes,
+    grad_scaler_found_inf,
+    grad_scaler_started,
+    observe_grad_scaler,
+    optimizer_handles_unscaling,
+    quiet_grad_scaler_load,
+    quiet_grad_scaler_update,
+)

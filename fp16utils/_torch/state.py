@@ -1,0 +1,170 @@
+"""Every read of torch's private state, each behind a named helper that states its limits.
+
+Each helper says what it relies on and falls back to public behaviour where it can.
+
+Example:
+    >>> import torch
+    >>> from fp16utils._torch.state import optimizer_handles_unscaling
+    >>> optimizer_handles_unscaling(torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=1))
+    False
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from . import make_grad_scaler  # noqa: F401  (the examples use it)
+
+
+def optimizer_handles_unscaling(optimizer: Any) -> bool:
+    """Whether ``optimizer.step`` unscales and skips by itself (``fused=True`` optimizers).
+
+    Relies on the private ``_step_supports_amp_scaling`` flag that torch's
+    fused optimizers set (torch >= 2.0); False where it is absent.
+
+    Example:
+        >>> optimizer_handles_unscaling(torch.optim.SGD([torch.nn.Parameter(torch.ones(1))],
+        ...                                              lr=1.0))
+        False
+    """
+    return bool(getattr(optimizer, '_step_supports_amp_scaling', False))
+
+
+def grad_scaler_started(scaler: Any) -> bool:
+    """Whether ``scaler`` has scaled a loss yet (made its scale tensor).
+
+    Relies on GradScaler's private ``_scale`` attribute (None until the
+    first ``scale()``); a scaler without it counts as started.
+
+    Example:
+        >>> scaler = make_grad_scaler('cpu')
+        >>> before = grad_scaler_started(scaler)
+        >>> _ = scaler.scale(torch.ones(1))
+        >>> before, grad_scaler_started(scaler)
+        (False, True)
+    """
+    return getattr(scaler, '_scale', True) is not None
+
+
+def grad_scaler_found_inf(scaler: Any, optimizer: Any) -> dict[Any, torch.Tensor]:
+    """The per-device found-inf flags that ``scaler.unscale_(optimizer)`` recorded.
+
+    Uses GradScaler's private ``_found_inf_per_device`` (or, on older torch,
+    its ``_per_optimizer_states``). Call it after ``unscale_`` and before
+    ``update``; the flags are device tensors (reading them syncs).
+
+    Example:
+        >>> p = torch.nn.Parameter(torch.ones(1)); opt = torch.optim.SGD([p], lr=1.0)
+        >>> scaler = make_grad_scaler('cpu')
+        >>> scaler.scale(p.sum()).backward(); scaler.unscale_(opt)
+        >>> [bool(flag) for flag in grad_scaler_found_inf(scaler, opt).values()]
+        [False]
+    """
+    getter = getattr(scaler, '_found_inf_per_device', None)
+    if getter is not None:
+        return getter(optimizer)
+    return scaler._per_optimizer_states[id(optimizer)]['found_inf_per_device']
+
+
+class _ObservedScaler:
+    """Mixin for a GradScaler: counts the state changes made from outside fp16utils.
+
+    ``load_state_dict`` and ``update(new_scale)`` bump ``_fp16utils_changes``,
+    so an owner that mirrors the scale on the host (to read it without a
+    device sync) can tell that its mirror is stale. fp16utils makes its own
+    calls through :func:`quiet_grad_scaler_update` / :func:`quiet_grad_scaler_load`.
+    A pickled or deep-copied scaler is a plain GradScaler again.
+    """
+
+    _fp16utils_base: type
+    _fp16utils_changes = 0
+
+    def load_state_dict(self, state_dict: Any) -> None:
+        super().load_state_dict(state_dict)  # type: ignore[misc]
+        self._fp16utils_changes += 1
+
+    def update(self, new_scale: Any = None) -> None:
+        super().update(new_scale)  # type: ignore[misc]
+        if new_scale is not None:
+            self._fp16utils_changes += 1
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        state = self.__getstate__()  # type: ignore[misc]
+        state.pop('_fp16utils_changes', None)
+        return _plain_grad_scaler, (self._fp16utils_base, state)
+
+    def __deepcopy__(self, memo: Any) -> Any:
+        import copy
+
+        state = copy.deepcopy(self.__getstate__(), memo)  # type: ignore[misc]
+        state.pop('_fp16utils_changes', None)
+        return _plain_grad_scaler(self._fp16utils_base, state)
+
+
+def _plain_grad_scaler(cls: type, state: dict[str, Any]) -> Any:
+    scaler = cls.__new__(cls)
+    scaler.__setstate__(state)
+    return scaler
+
+
+_OBSERVED_CLASSES: dict[type, type] = {}
+
+
+def observe_grad_scaler(scaler: Any) -> Any:
+    """Make ``scaler`` count the state changes made to it from outside fp16utils.
+
+    Read the count with :func:`grad_scaler_changes`. The scaler stays an
+    instance of its class (a subclass is swapped in).
+
+    Example:
+        >>> scaler = observe_grad_scaler(make_grad_scaler('cpu', init_scale=8.0))
+        >>> before = grad_scaler_changes(scaler)
+        >>> scaler.load_state_dict(dict(scaler.state_dict(), scale=4.0))
+        >>> grad_scaler_changes(scaler) - before, scaler.get_scale()
+        (1, 4.0)
+    """
+    base = type(scaler)
+    if isinstance(scaler, _ObservedScaler):
+        return scaler
+    cls = _OBSERVED_CLASSES.get(base)
+    if cls is None:
+        cls = type(base.__name__, (_ObservedScaler, base), {'_fp16utils_base': base})
+        cls.__module__ = base.__module__
+        _OBSERVED_CLASSES[base] = cls
+    scaler.__class__ = cls
+    return scaler
+
+
+def grad_scaler_changes(scaler: Any) -> int:
+    """How many outside ``load_state_dict`` / ``update(new_scale)`` calls ``scaler`` had."""
+    return getattr(scaler, '_fp16utils_changes', 0)
+
+
+def quiet_grad_scaler_update(scaler: Any, new_scale: Any = None) -> None:
+    """``scaler.update(new_scale)`` without counting it as an outside change."""
+    base = getattr(scaler, '_fp16utils_base', None)
+    (base.update if base is not None else type(scaler).update)(scaler, new_scale)
+
+
+def quiet_grad_scaler_load(scaler: Any, state: Any) -> None:
+    """``scaler.load_state_dict(state)`` without counting it as an outside change."""
+    base = getattr(scaler, '_fp16utils_base', None)
+    (base.load_state_dict if base is not None else type(scaler).load_state_dict)(scaler, state)
+
+
+_dispatch_stack_len = getattr(torch._C, '_len_torch_dispatch_stack', None)
+
+
+def dispatch_mode_active() -> bool:
+    """Whether a torch dispatch mode (fake or meta tensors, tracing) is on.
+
+    Reads torch's private ``torch._C._len_torch_dispatch_stack``; False where
+    torch lacks it (no dispatch modes there).
+
+    Example:
+        >>> dispatch_mode_active()
+        False
+    """
+    return bool(_dispatch_stack_len is not None and _dispatch_stack_len())
