@@ -348,7 +348,7 @@ def _same_value(a, b):
 
 
 @pytest.mark.parametrize(('cls', 'method', 'src', 'dst'), [
-    (AutoFour, 'forward', F32, F16),
+    (AutoFour, 'forward', F32, LOW),
     (ForceFour, 'loss', F16, F32),
     (ForceFour, 'loss', BF16, F32),
 ])
@@ -376,7 +376,7 @@ def test_positional_call_matches_keyword_call(cls, method, src, dst, values):
             assert got.dtype == dst
         elif not isinstance(value, (list, tuple, dict)) or not value:
             assert got is value  # untouched arguments are the very same objects
-    expected = (True, F16) if cls is AutoFour else (False, positional['autocast'][1])
+    expected = (True, LOW) if cls is AutoFour else (False, positional['autocast'][1])
     assert positional['autocast'] == expected
 
 
@@ -384,14 +384,14 @@ def test_positional_device_from_container_first():
     """With no plain tensor argument, autocast follows the first cast tensor in a container."""
     m = AutoFour()
     m(None, [f32()], 'x', 1)
-    assert m.seen['b'][0].dtype == F16 and m.seen['autocast'] == (True, F16)
+    assert m.seen['b'][0].dtype == LOW and m.seen['autocast'] == (True, LOW)
 
 
 def test_positional_nothing_to_cast_still_autocasts():
     m = AutoFour()
-    half = torch.ones(1, dtype=F16)
+    half = torch.ones(1, dtype=LOW)
     m(half, 1, None, 'x')
-    assert m.seen['a'] is half and m.seen['autocast'] == (True, F16)
+    assert m.seen['a'] is half and m.seen['autocast'] == (True, LOW)
 
 
 @pytest.mark.parametrize('name', ['bf16', 'bfloat16', BF16])

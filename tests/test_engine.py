@@ -9,6 +9,7 @@ import logging
 import pickle
 from pathlib import Path
 
+import _caps  # tests/ is on sys.path: see conftest.py
 import pytest
 import torch
 from torch import nn
@@ -59,6 +60,8 @@ def test_window_warnings_name_the_argument_and_the_remedy(caplog):
 
 
 # ------------------------------------------------------------------ one truth for the scale
+#
+# These are about the GradScaler that float16 training on the CPU uses.
 
 
 def _trained_wrapper(init_scale=1024.0):
@@ -73,6 +76,7 @@ def _trained_wrapper(init_scale=1024.0):
 
 
 def test_loading_into_the_grad_scaler_is_seen_by_the_wrapper():
+    _caps.require(torch.float16, 'native')
     model, wrapper = _trained_wrapper()
     state = wrapper.loss_scaler.state_dict()
     wrapper.loss_scaler.load_state_dict(dict(state, scale=64.0, _growth_tracker=3))
@@ -87,6 +91,7 @@ def test_loading_into_the_grad_scaler_is_seen_by_the_wrapper():
 
 
 def test_setting_the_scale_through_update_is_seen_by_the_wrapper():
+    _caps.require(torch.float16, 'native')
     _, wrapper = _trained_wrapper()
     wrapper.loss_scaler.update(32.0)
     assert wrapper.loss_scale == 32.0
@@ -95,6 +100,7 @@ def test_setting_the_scale_through_update_is_seen_by_the_wrapper():
 
 
 def test_loading_into_the_hooks_grad_scaler_is_seen_by_the_hook():
+    _caps.require(torch.float16, 'native')
     hook = Fp16OptimizerHook(loss_scale=dict(init_scale=512.0), backend='native')
     model = R.Net()
     runner = R.MiniRunner(model, torch.optim.SGD(model.parameters(), lr=0.01), [hook],
@@ -108,6 +114,7 @@ def test_loading_into_the_hooks_grad_scaler_is_seen_by_the_hook():
 
 
 def test_the_wrappers_own_steps_are_not_mistaken_for_outside_changes():
+    _caps.require(torch.float16, 'native')
     _, wrapper = _trained_wrapper()
     scaler = wrapper.loss_scaler
     changes = _torch.grad_scaler_changes(scaler)
@@ -124,6 +131,7 @@ def test_the_wrappers_own_steps_are_not_mistaken_for_outside_changes():
 
 
 def test_the_grad_scaler_pickles_and_deep_copies_as_a_plain_grad_scaler():
+    _caps.require(torch.float16, 'native')
     _, wrapper = _trained_wrapper(init_scale=128.0)
     scaler = wrapper.loss_scaler
     assert isinstance(scaler, type(scaler).__mro__[2])  # still a GradScaler

@@ -393,6 +393,8 @@ def test_call_autocast_unsupported_dtype_cached_answer():
         True, torch.bfloat16)
 
 
+@pytest.mark.skipif(not _torch._HAS_DEVICE_AUTOCAST_STATE,
+                    reason='torch has no per-device autocast state setters (set_autocast_dtype)')
 def test_call_autocast_nesting_and_cache():
     """Like the context: nesting counted, the cast cache cleared on the outermost exit."""
     levels = []
@@ -416,6 +418,8 @@ def test_call_autocast_nesting_and_cache():
     assert cleared == [True]
 
 
+@pytest.mark.skipif(not _torch._HAS_DEVICE_AUTOCAST_STATE,
+                    reason='torch has no per-device autocast state setters (set_autocast_dtype)')
 def test_call_autocast_under_torch_function_mode_uses_the_context(monkeypatch):
     """Under a torch-function mode (as torch.export uses) the autocast context is used."""
     from torch.overrides import TorchFunctionMode
