@@ -1,0 +1,108 @@
+"""The consumer tier's environment: is it there, and the set-up every test module shares.
+
+Importing this module, where mmcv 1.x, mmdet 2.x and mmsegmentation 0.x are
+installed, installs the stand-ins for mmcv's compiled ops (``standins/``),
+patches mmcv with fp16utils (before mmdet and mmseg are imported, as
+``fp16utils run`` does) and registers ``Fp16ProbeHook``. Elsewhere it only
+sets ``SKIP_REASON``; each test module skips itself with it.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+STANDINS = HERE / 'standins'
+WANTED = {'mmcv': '1.', 'mmdet': '2.', 'mmsegmentation': '0.'}
+
+
+def _why_not() -> Optional[str]:
+    for dist, major in WANTED.items():
+        try:
+            version = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            return f'{dist} is not installed'
+        if not version.startswith(major):
+            return f'{dist} {version} is installed; the tier needs {major}x'
+    return None
+
+
+SKIP_REASON = _why_not()
+if SKIP_REASON is not None:
+    SKIP_REASON += ' (the consumer tier runs in the environment that .ci/consumers makes)'
+else:
+    sys.path.insert(0, str(STANDINS))
+
+    import fp16utils  # noqa: E402
+
+    fp16utils.patch_mmcv()  # before mmdet and mmseg bind mmcv's names
+    import mmcv.runner  # noqa: E402
+
+    @mmcv.runner.HOOKS.register_module(force=True)
+    class Fp16ProbeHook(mmcv.runner.Hook):
+        """Records what the fp16 hook did, from inside a real run (priority VERY_LOW: after it)."""
+
+        records: List[Dict[str, Any]] = []
+
+        @staticmethod
+        def fp16_hook(runner: Any) -> Any:
+            """fp16utils' hook among the runner's (None: another optimizer hook)."""
+            return next((h for h in runner.hooks
+                         if isinstance(h, fp16utils.Fp16OptimizerHook)), None)
+
+        def record(self, runner: Any, stage: str, **values: Any) -> None:
+            hook = self.fp16_hook(runner)
+            first = next(p for p in runner.model.parameters() if p.requires_grad)
+            self.records.append(dict(
+                stage=stage, iter=runner.iter, hook=hook,
+                scale=None if hook is None else hook.loss_scale,
+                skipped=None if hook is None else hook.skipped_steps,
+                param_dtype=first.dtype, param_sum=float(first.detach().float().sum()),
+                **values))
+
+        def before_run(self, runner: Any) -> None:
+            self.record(runner, 'before_run')
+
+        def after_train_iter(self, runner: Any) -> None:
+            loss = runner.outputs['loss']
+            self.record(runner, 'iter', loss=float(loss.detach()), loss_dtype=loss.dtype)
+
+
+
+
+def train(cfg_dict: Dict[str, Any], timestamp: str = 'run') -> Any:
+    """Train with the codebase's own ``train_detector`` / ``train_segmentor``; the model."""
+    import mmcv
+
+    cfg = mmcv.Config(cfg_dict)
+    if cfg.model.type == 'EncoderDecoder':
+        from mmseg.apis import train_segmentor as train_fn
+        from mmseg.datasets import build_dataset
+        from mmseg.models import build_segmentor as build_model
+    else:
+        from mmdet.apis import train_detector as train_fn
+        from mmdet.datasets import build_dataset
+        from mmdet.models import build_detector as build_model
+    model = build_model(cfg.model)
+    model.init_weights()
+    train_fn(model, [build_dataset(cfg.data.train)], cfg, timestamp=timestamp, meta=dict())
+    return model
+
+
+def iters(records: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """The per-iteration records of ``Fp16ProbeHook``."""
+    return [r for r in records if r['stage'] == 'iter']
+
+
+def load_meta(path: Path) -> Dict[str, Any]:
+    """The ``meta`` of a checkpoint mmcv wrote."""
+    import torch
+
+    return torch.load(path, map_location='cpu', weights_only=False)['meta']
+
+
+PROBE = [dict(type='Fp16ProbeHook', priority='VERY_LOW')]
