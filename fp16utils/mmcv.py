@@ -316,15 +316,16 @@ def unpatch_mmcv() -> List[str]:
 # -- the warning about what was bound before the patch -----------------------------------
 
 
-def _decorator_codes() -> set:
-    """The code objects of the functions that mmcv's decorators return."""
-    codes = set()
+def _decorator_codes() -> Dict[int, Any]:
+    """id -> code object of the functions that mmcv's decorators return (by identity)."""
+    codes: Dict[int, Any] = {}
     for _, name, original in _patch.attrs:
         if name in ('auto_fp16', 'force_fp32') and callable(original):
             try:
-                codes.add(original()(lambda self: None).__code__)
+                code = original()(lambda self: None).__code__
             except Exception:  # noqa: BLE001 - a decorator of another shape: nothing to find
-                pass
+                continue
+            codes[id(code)] = code
     return codes
 
 
@@ -342,7 +343,8 @@ def _functions_of(cls: type) -> List[Tuple[str, Any]]:
     return found
 
 
-def _still_bound(originals: Dict[int, str], codes: set) -> Dict[str, List[str]]:
+def _still_bound(originals: Dict[int, str], codes: Dict[int, Any]
+                 ) -> Dict[str, List[str]]:
     """module name -> what it still holds of mmcv's (names, or Class.method decorated)."""
     patched = {id(owner) for owner, _, _ in _patch.attrs}
     held: Dict[str, List[str]] = {}
@@ -356,7 +358,7 @@ def _still_bound(originals: Dict[int, str], codes: set) -> Dict[str, List[str]]:
             elif (codes and issubclass(type(value), type)
                     and vars(value).get('__module__') == module_name):
                 for method, func in _functions_of(value):
-                    if func.__code__ in codes:
+                    if id(func.__code__) in codes:
                         held.setdefault(module_name, []).append(f'{value.__qualname__}.{method}')
     return held
 

@@ -9,6 +9,7 @@ sets ``SKIP_REASON``; each test module skips itself with it.
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import sys
 from pathlib import Path
@@ -36,6 +37,7 @@ if SKIP_REASON is not None:
     SKIP_REASON += ' (the consumer tier runs in the environment that .ci/consumers makes)'
 else:
     sys.path.insert(0, str(STANDINS))
+    standins = importlib.import_module('_fp16utils_standins')  # mmcv._ext, torchvision
 
     import fp16utils  # noqa: E402
 
