@@ -11,6 +11,13 @@ import pytest
 #: never collected: importing them installs them.
 collect_ignore = ['standins']
 
+
+def pytest_configure(config: Any) -> None:
+    """Quiet the codebases' own notices (mmcv's 2.0 announcement, mmseg's loss hints)."""
+    for line in ('ignore::UserWarning:mmcv', 'ignore::UserWarning:mmseg',
+                 "ignore:'pin_memory' argument is set as true:UserWarning"):
+        config.addinivalue_line('filterwarnings', line)
+
 @pytest.fixture
 def probe() -> List[Dict[str, Any]]:
     """The records of ``Fp16ProbeHook`` for this test (add ``custom_hooks`` to the config)."""
