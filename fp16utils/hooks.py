@@ -48,7 +48,7 @@ import importlib.abc
 import importlib.machinery
 import logging
 import sys
-from typing import Any, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -175,6 +175,16 @@ def _allreduce_grads(params: List[Any], coalesce: bool = True,
                 p.grad = None
 
 
+def _calls(stage: str) -> Callable[[Any, Any], None]:
+    """A hook stage that calls the stage named ``stage`` (as mmcv's ``Hook`` does)."""
+
+    def call(self: Any, runner: Any) -> None:
+        getattr(self, stage)(runner)
+
+    call.__doc__ = f'Calls :meth:`{stage}`.'
+    return call
+
+
 class _RunnerHook:
     """The base of the hooks while mmcv is not imported: every stage of an mmcv hook.
 
@@ -210,37 +220,15 @@ class _RunnerHook:
     def after_iter(self, runner: Any) -> None:
         """Nothing to do."""
 
-    def before_train_epoch(self, runner: Any) -> None:
-        """Calls :meth:`before_epoch`."""
-        self.before_epoch(runner)
-
-    def after_train_epoch(self, runner: Any) -> None:
-        """Calls :meth:`after_epoch`."""
-        self.after_epoch(runner)
-
-    def before_val_epoch(self, runner: Any) -> None:
-        """Calls :meth:`before_epoch`."""
-        self.before_epoch(runner)
-
-    def after_val_epoch(self, runner: Any) -> None:
-        """Calls :meth:`after_epoch`."""
-        self.after_epoch(runner)
-
-    def before_train_iter(self, runner: Any) -> None:
-        """Calls :meth:`before_iter`."""
-        self.before_iter(runner)
-
-    def after_train_iter(self, runner: Any) -> None:
-        """Calls :meth:`after_iter`."""
-        self.after_iter(runner)
-
-    def before_val_iter(self, runner: Any) -> None:
-        """Calls :meth:`before_iter`."""
-        self.before_iter(runner)
-
-    def after_val_iter(self, runner: Any) -> None:
-        """Calls :meth:`after_iter`."""
-        self.after_iter(runner)
+    # The train/val stages call the generic ones, so overriding before_iter covers both.
+    before_train_epoch = _calls('before_epoch')
+    before_val_epoch = _calls('before_epoch')
+    after_train_epoch = _calls('after_epoch')
+    after_val_epoch = _calls('after_epoch')
+    before_train_iter = _calls('before_iter')
+    before_val_iter = _calls('before_iter')
+    after_train_iter = _calls('after_iter')
+    after_val_iter = _calls('after_iter')
 
 
 class Fp16OptimizerHook(_RunnerHook):

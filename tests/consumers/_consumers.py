@@ -4,13 +4,15 @@ Importing this module, where mmcv 1.x, mmdet 2.x and mmsegmentation 0.x are
 installed, installs the stand-ins for mmcv's compiled ops (``standins/``),
 patches mmcv with fp16utils (before mmdet and mmseg are imported, as
 ``fp16utils run`` does) and registers ``Fp16ProbeHook``. Elsewhere it only
-sets ``SKIP_REASON``; each test module skips itself with it.
+sets ``SKIP_REASON``; each test module calls :func:`require` first.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -33,13 +35,30 @@ def _why_not() -> Optional[str]:
 
 
 SKIP_REASON = _why_not()
+
+
+def require() -> None:
+    """Skip the calling test module, with the reason, where the tier's packages are missing."""
+    if SKIP_REASON is not None:
+        import pytest
+
+        pytest.skip(SKIP_REASON, allow_module_level=True)
+
+
 if SKIP_REASON is not None:
     SKIP_REASON += ' (the consumer tier runs in the environment that .ci/consumers makes)'
 else:
     sys.path.insert(0, str(STANDINS))
     standins = importlib.import_module('_fp16utils_standins')  # mmcv._ext, torchvision
 
+    import torch  # noqa: E402
+
     import fp16utils  # noqa: E402
+
+    #: How close low precision must stay to float32 with the same weights (relative):
+    #: the loss, the whole gradient vector (its norm), an output (to its largest magnitude).
+    TOL = {torch.float16: dict(loss=1e-3, grad=1e-2, out=1e-2),
+           torch.bfloat16: dict(loss=5e-3, grad=6e-2, out=6e-2)}
 
     fp16utils.patch_mmcv()  # before mmdet and mmseg bind mmcv's names
     import mmcv.runner  # noqa: E402
@@ -108,3 +127,32 @@ def load_meta(path: Path) -> Dict[str, Any]:
 
 
 PROBE = [dict(type='Fp16ProbeHook', priority='VERY_LOW')]
+
+
+def mean(values: List[float]) -> float:
+    return sum(values) / len(values)
+
+
+def loss_grads_outputs(model: Any, watched: Any, *args: Any, **kwargs: Any) -> Any:
+    """One training forward and backward: the loss, the gradient vector, ``watched``'s outputs.
+
+    The backward is scaled by 1024 (and the gradients unscaled), as the hook does, so no
+    float16 gradient underflows.
+    """
+    outputs: List[Any] = []
+    handle = watched.register_forward_hook(lambda mod, a, out: outputs.append(out.detach()))
+    model.zero_grad()
+    loss, _ = model._parse_losses(model(*args, **kwargs))
+    (loss * 1024).backward()
+    handle.remove()
+    grads = torch.cat([p.grad.float().flatten() / 1024 for p in model.parameters()
+                       if p.grad is not None])
+    return loss.detach(), grads, outputs
+
+
+def run_fp16utils(*args: str, cwd: Path, log: Path) -> subprocess.CompletedProcess:
+    """``python -m fp16utils run ARGS`` in a new process, with the stand-ins installed."""
+    env = dict(os.environ, FP16UTILS_STANDIN_LOG=str(log),
+               PYTHONPATH=os.pathsep.join([str(REPO), str(STANDINS)]))
+    return subprocess.run([sys.executable, '-m', 'fp16utils', 'run', *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=600)

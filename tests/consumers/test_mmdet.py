@@ -10,8 +10,6 @@ largest magnitude. Measured on this model: 2e-4 / 2e-4, 1.1e-3 / 9.4e-3.
 from __future__ import annotations
 
 import copy
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,29 +17,21 @@ import _consumers
 import _tiny
 import pytest
 
-if _consumers.SKIP_REASON is not None:
-    pytest.skip(_consumers.SKIP_REASON, allow_module_level=True)
+_consumers.require()
 
 import mmcv  # noqa: E402
 import mmcv.runner  # noqa: E402
 import torch  # noqa: E402
-from _consumers import PROBE, iters, load_meta, train  # noqa: E402
+from _consumers import PROBE, TOL, iters, load_meta, loss_grads_outputs, mean, run_fp16utils, train  # noqa: E402
 from mmdet.models import build_detector  # noqa: E402
 
 import fp16utils  # noqa: E402
 import fp16utils.mmcv  # noqa: E402
 
-TOL = {torch.float16: dict(loss=1e-3, grad=1e-2, out=1e-2),
-       torch.bfloat16: dict(loss=5e-3, grad=6e-2, out=6e-2)}
-
 
 @pytest.fixture(scope='module')
 def coco(tmp_path_factory):
     return _tiny.make_coco(tmp_path_factory.mktemp('coco'), n=6)  # 3 iterations an epoch
-
-
-def mean(values):
-    return sum(values) / len(values)
 
 
 def test_retinanet_trains_with_a_dynamic_scale_and_resumes_it(coco, tmp_path, probe):
@@ -170,18 +160,11 @@ def _batch():
     return img, [meta, meta], boxes, [torch.tensor([0]), torch.tensor([1, 0])]
 
 
-def _loss_grads_outputs(model, seen):
+def _loss_grads_outputs(model):
     img, metas, boxes, labels = _batch()
-    outputs = []
-    handle = model.bbox_head.retina_cls.register_forward_hook(
-        lambda mod, args, out: outputs.append(out.detach().float()))
-    model.zero_grad()
-    loss, _ = model._parse_losses(model(img, metas, gt_bboxes=boxes, gt_labels=labels))
-    (loss * 1024).backward()  # scaled, as the hook does, so no float16 gradient underflows
-    handle.remove()
-    grads = torch.cat([p.grad.float().flatten() / 1024 for p in model.parameters()
-                       if p.grad is not None])
-    return loss.detach(), grads, outputs
+    loss, grads, outputs = loss_grads_outputs(model, model.bbox_head.retina_cls, img, metas,
+                                              gt_bboxes=boxes, gt_labels=labels)
+    return loss, grads, [out.float() for out in outputs]
 
 
 def _record_input(module, seen, key):
@@ -202,7 +185,7 @@ def test_retinanet_modules_keep_the_decorator_contract_and_match_float32(coco, t
     reference.init_weights()
     reference.eval()  # BatchNorm from running statistics: a stable comparison
     low = copy.deepcopy(reference)
-    loss32, grads32, outputs32 = _loss_grads_outputs(reference, None)
+    loss32, grads32, outputs32 = _loss_grads_outputs(reference)
     assert {o.dtype for o in outputs32} == {torch.float32}  # fp16_enabled False: untouched
 
     fp16utils.wrap_fp16_model(low, dtype, backend=backend)
@@ -217,7 +200,7 @@ def test_retinanet_modules_keep_the_decorator_contract_and_match_float32(coco, t
         return loss_single(cls_score, bbox_pred, *args, **kwargs)
 
     low.bbox_head.loss_single = recording_loss_single
-    loss, grads, outputs = _loss_grads_outputs(low, seen)
+    loss, grads, outputs = _loss_grads_outputs(low)
     # BaseDetector.forward is @auto_fp16(apply_to=('img',)), FPN.forward @auto_fp16(),
     # AnchorHead.loss @force_fp32(apply_to=('cls_scores', 'bbox_preds')):
     assert seen['backbone input'] == dtype
@@ -285,13 +268,6 @@ def test_rpn_and_bbox_head_losses_take_float32_and_match(dtype):
 # -- no edit at all: fp16utils run on mmdet's own tools/train.py ---------------------------
 
 
-def _run(*args, cwd, log):
-    env = dict(os.environ, FP16UTILS_STANDIN_LOG=str(log), PYTHONPATH=os.pathsep.join(
-        [str(_consumers.REPO), str(_consumers.STANDINS)]))
-    return subprocess.run([sys.executable, '-m', 'fp16utils', 'run', *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=600)
-
-
 def test_fp16utils_run_trains_mmdet_tools_train_py_in_bfloat16(coco, tmp_path):
     import mmdet
 
@@ -300,8 +276,8 @@ def test_fp16utils_run_trains_mmdet_tools_train_py_in_bfloat16(coco, tmp_path):
                           fp16=dict(loss_scale=512.))  # a plain 0.x fp16 config
     config = _tiny.write_config(cfg, tmp_path / 'retinanet_fp16.py')
     log = tmp_path / 'standins.log'
-    proc = _run('--dtype', 'bfloat16', str(train_py), str(config), '--seed', '0', '--no-validate',
-                cwd=tmp_path, log=log)
+    proc = run_fp16utils('--dtype', 'bfloat16', str(train_py), str(config), '--seed', '0',
+                         '--no-validate', cwd=tmp_path, log=log)
     assert proc.returncode == 0, proc.stderr[-3000:]
     fp16 = load_meta(tmp_path / 'work' / 'epoch_1.pth')['fp16']
     assert fp16['loss_scaler'] == {}  # bfloat16: no loss scaling, whatever the config says

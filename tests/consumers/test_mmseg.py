@@ -13,38 +13,27 @@ magnitude. Measured: loss 4e-6 / 2e-5, gradients 1.4e-3 / 2.5e-2.
 from __future__ import annotations
 
 import copy
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import _consumers
 import _tiny
 import pytest
 
-if _consumers.SKIP_REASON is not None:
-    pytest.skip(_consumers.SKIP_REASON, allow_module_level=True)
+_consumers.require()
 
 import mmcv  # noqa: E402
 import mmcv.runner  # noqa: E402
 import torch  # noqa: E402
-from _consumers import PROBE, iters, load_meta, train  # noqa: E402
+from _consumers import PROBE, TOL, iters, load_meta, loss_grads_outputs, mean, run_fp16utils, train  # noqa: E402
 from mmseg.models import build_segmentor  # noqa: E402
 
 import fp16utils  # noqa: E402
 import fp16utils.mmcv  # noqa: E402
 
-TOL = {torch.float16: dict(loss=1e-3, grad=1e-2, out=1e-2),
-       torch.bfloat16: dict(loss=5e-3, grad=6e-2, out=6e-2)}
-
 
 @pytest.fixture(scope='module')
 def seg_data(tmp_path_factory):
     return _tiny.make_seg(tmp_path_factory.mktemp('seg'), n=16)  # 8 iterations a pass
-
-
-def mean(values):
-    return sum(values) / len(values)
 
 
 def test_fcn_trains_on_the_iter_runner_and_resumes_the_scale(seg_data, tmp_path, probe):
@@ -142,16 +131,9 @@ def test_encoder_decoder_keeps_the_decorator_contract_and_matches_float32(
     seen = {}
 
     def loss_grads_logits(model):
-        logits = []
-        handle = model.decode_head.conv_seg.register_forward_hook(
-            lambda mod, args, out: logits.append(out.detach()))
-        model.zero_grad()
-        loss, _ = model._parse_losses(model(img, metas, gt_semantic_seg=seg))
-        (loss * 1024).backward()
-        handle.remove()
-        grads = torch.cat([p.grad.float().flatten() / 1024 for p in model.parameters()
-                           if p.grad is not None])
-        return loss.detach(), grads, logits[0]
+        loss, grads, logits = loss_grads_outputs(model, model.decode_head.conv_seg, img, metas,
+                                                 gt_semantic_seg=seg)
+        return loss, grads, logits[0]
 
     loss32, grads32, logits32 = loss_grads_logits(reference)
     assert logits32.dtype == torch.float32
@@ -183,13 +165,6 @@ def test_encoder_decoder_keeps_the_decorator_contract_and_matches_float32(
 # -- no edit at all: fp16utils run on mmseg's own tools/train.py ---------------------------
 
 
-def _run(*args, cwd, log):
-    env = dict(os.environ, FP16UTILS_STANDIN_LOG=str(log), PYTHONPATH=os.pathsep.join(
-        [str(_consumers.REPO), str(_consumers.STANDINS)]))
-    return subprocess.run([sys.executable, '-m', 'fp16utils', 'run', *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=600)
-
-
 def test_fp16utils_run_trains_and_resumes_mmseg_tools_train_py(seg_data, tmp_path):
     import mmseg
 
@@ -201,8 +176,8 @@ def test_fp16utils_run_trains_and_resumes_mmseg_tools_train_py(seg_data, tmp_pat
                           optimizer_config=hook_cfg)
     config = _tiny.write_config(cfg, tmp_path / 'upernet_fp16.py')
     log = tmp_path / 'standins.log'
-    proc = _run(str(train_py), str(config), '--seed', '0', '--no-validate', cwd=tmp_path,
-                log=log)
+    proc = run_fp16utils(str(train_py), str(config), '--seed', '0', '--no-validate',
+                         cwd=tmp_path, log=log)
     assert proc.returncode == 0, proc.stderr[-3000:]
     fp16 = load_meta(tmp_path / 'work' / 'iter_4.pth')['fp16']
     assert fp16['loss_scaler']['scale'] == 4096.  # 1024, grown twice: float16
@@ -211,8 +186,9 @@ def test_fp16utils_run_trains_and_resumes_mmseg_tools_train_py(seg_data, tmp_pat
     longer = _tiny.with_changes(cfg, runner=dict(type='IterBasedRunner', max_iters=6),
                                 work_dir=str(tmp_path / 'resumed'))
     config = _tiny.write_config(longer, tmp_path / 'upernet_fp16_longer.py')
-    proc = _run(str(train_py), str(config), '--resume-from',
-                str(tmp_path / 'work' / 'iter_4.pth'), '--no-validate', cwd=tmp_path, log=log)
+    proc = run_fp16utils(str(train_py), str(config), '--resume-from',
+                         str(tmp_path / 'work' / 'iter_4.pth'), '--no-validate', cwd=tmp_path,
+                         log=log)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert 'resumed from epoch' in proc.stderr + proc.stdout
     assert 'holds no loss-scaler state' not in proc.stderr + proc.stdout
@@ -229,9 +205,9 @@ def test_fp16utils_run_exit_codes_with_real_mmcv(tmp_path):
                      '"fp16utils.mmcv"\n'
                      'raise SystemExit(3) if sys.argv[1:] == ["exit"] else 1 / 0\n')
     log = tmp_path / 'standins.log'
-    assert _run(str(crash), 'exit', cwd=tmp_path, log=log).returncode == 3
-    proc = _run(str(crash), cwd=tmp_path, log=log)
+    assert run_fp16utils(str(crash), 'exit', cwd=tmp_path, log=log).returncode == 3
+    proc = run_fp16utils(str(crash), cwd=tmp_path, log=log)
     assert proc.returncode == 1 and 'ZeroDivisionError' in proc.stderr
     assert 'crash.py' in proc.stderr and 'runpy' not in proc.stderr
-    proc = _run(str(tmp_path / 'missing.py'), cwd=tmp_path, log=log)
+    proc = run_fp16utils(str(tmp_path / 'missing.py'), cwd=tmp_path, log=log)
     assert proc.returncode == 2 and 'missing.py: no such file' in proc.stderr
