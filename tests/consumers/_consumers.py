@@ -56,9 +56,13 @@ else:
     import fp16utils  # noqa: E402
 
     #: How close low precision must stay to float32 with the same weights (relative):
-    #: the loss, the whole gradient vector (its norm), an output (to its largest magnitude).
-    TOL = {torch.float16: dict(loss=1e-3, grad=1e-2, out=1e-2),
-           torch.bfloat16: dict(loss=5e-3, grad=6e-2, out=6e-2)}
+    #: the loss, the whole gradient vector (its norm), an output (to its largest
+    #: magnitude). The largest errors measured over 10 (mmdet) and 6 (mmseg) initial
+    #: weights: loss 2.6e-4 / 3.6e-4, gradients 1.9e-2 / 6.1e-2, outputs 2.1e-3 /
+    #: 1.8e-2 (float16 / bfloat16). The gradient error comes from the ReLUs of freshly
+    #: initialised heads, whose inputs sit near 0, where rounding decides the mask.
+    TOL = {torch.float16: dict(loss=1e-3, grad=3e-2, out=5e-3),
+           torch.bfloat16: dict(loss=2e-3, grad=1e-1, out=3e-2)}
 
     fp16utils.patch_mmcv()  # before mmdet and mmseg bind mmcv's names
     import mmcv.runner  # noqa: E402
@@ -96,7 +100,11 @@ else:
 
 
 def train(cfg_dict: Dict[str, Any], timestamp: str = 'run') -> Any:
-    """Train with the codebase's own ``train_detector`` / ``train_segmentor``; the model."""
+    """Train with the codebase's own ``train_detector`` / ``train_segmentor``; the model.
+
+    The initial weights come from seed 0 (``FP16UTILS_TIER_SEED`` picks another, to see
+    how much the checks depend on it).
+    """
     import mmcv
 
     cfg = mmcv.Config(cfg_dict)
@@ -108,6 +116,7 @@ def train(cfg_dict: Dict[str, Any], timestamp: str = 'run') -> Any:
         from mmdet.apis import train_detector as train_fn
         from mmdet.datasets import build_dataset
         from mmdet.models import build_detector as build_model
+    torch.manual_seed(int(os.environ.get('FP16UTILS_TIER_SEED', '0')))
     model = build_model(cfg.model)
     model.init_weights()
     train_fn(model, [build_dataset(cfg.data.train)], cfg, timestamp=timestamp, meta=dict())

@@ -73,9 +73,9 @@ def make_seg(root: Path, n: int = 4) -> Dict[str, str]:
     return dict(img_dir=str(img_dir), ann_dir=str(ann_dir))
 
 
-def _runtime(work_dir: str, by_epoch: bool) -> Dict[str, Any]:
+def _runtime(work_dir: str, by_epoch: bool, lr: float = 0.01) -> Dict[str, Any]:
     return dict(
-        optimizer=dict(type='SGD', lr=0.01, momentum=0.9, weight_decay=0.0001),
+        optimizer=dict(type='SGD', lr=lr, momentum=0.9, weight_decay=0.0001),
         optimizer_config=dict(grad_clip=dict(max_norm=35, norm_type=2)),
         lr_config=dict(policy='fixed', by_epoch=by_epoch),
         checkpoint_config=dict(interval=1 if by_epoch else 4, by_epoch=by_epoch),
@@ -120,7 +120,9 @@ def retinanet(data: Dict[str, str], work_dir: str, max_epochs: int = 3,
                                 target_stds=[1.0, 1.0, 1.0, 1.0]),
                 loss_cls=dict(type='FocalLoss', use_sigmoid=True, gamma=2.0, alpha=0.25,
                               loss_weight=1.0),
-                loss_bbox=dict(type='L1Loss', loss_weight=1.0)),
+                # SmoothL1, not RetinaNet's L1: the gradient of L1 flips sign at 0, where
+                # rounding decides it, and the float32 comparison would measure that.
+                loss_bbox=dict(type='SmoothL1Loss', beta=0.11, loss_weight=1.0)),
             train_cfg=dict(assigner=dict(type='MaxIoUAssigner', pos_iou_thr=0.5,
                                          neg_iou_thr=0.4, min_pos_iou=0, ignore_iof_thr=-1),
                            allowed_border=-1, pos_weight=-1, debug=False),
@@ -130,7 +132,7 @@ def retinanet(data: Dict[str, str], work_dir: str, max_epochs: int = 3,
         data=dict(samples_per_gpu=2, workers_per_gpu=0, train=train, val=train, test=train),
         runner=dict(type='EpochBasedRunner', max_epochs=max_epochs),
         auto_scale_lr=dict(enable=False, base_batch_size=16),
-        **_runtime(work_dir, by_epoch=True))
+        **_runtime(work_dir, by_epoch=True, lr=0.02))
     if fp16 is not None:
         cfg['fp16'] = dict(fp16)
     return cfg
