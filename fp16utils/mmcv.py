@@ -168,11 +168,15 @@ def _resume_keeping_fp16(resume: Callable[..., Any]) -> Callable[..., Any]:
             loaded.append(result)
             return result
 
+        own = vars(self).get('load_checkpoint')  # an instance's own, rarely
         self.load_checkpoint = load_and_keep
         try:
             result = resume(self, checkpoint, resume_optimizer, map_location)
         finally:
-            del self.load_checkpoint
+            if own is None:
+                del self.load_checkpoint
+            else:
+                self.load_checkpoint = own
         meta = loaded[-1].get('meta') if loaded and isinstance(loaded[-1], dict) else None
         if isinstance(meta, dict) and 'fp16' in meta:
             if self.meta is None:

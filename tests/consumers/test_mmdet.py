@@ -96,7 +96,8 @@ def test_retinanet_legacy_backend_half_weights_masters_and_resume(coco, tmp_path
 
 
 def test_retinanet_bfloat16_trains_without_loss_scaling(coco, tmp_path, probe):
-    cfg = _tiny.retinanet(coco, str(tmp_path), max_epochs=3,
+    # Four epochs: bfloat16's coarser rounding makes three short epochs too noisy to rank.
+    cfg = _tiny.retinanet(coco, str(tmp_path), max_epochs=4,
                           fp16=dict(loss_scale=512., dtype='bfloat16'))
     cfg['custom_hooks'] = PROBE
     train(cfg)
@@ -104,7 +105,7 @@ def test_retinanet_bfloat16_trains_without_loss_scaling(coco, tmp_path, probe):
     assert run[0]['hook'].dtype == torch.bfloat16
     assert {r['scale'] for r in run} == {1.0}  # bfloat16 has float32's range
     assert went_down(run)
-    assert load_meta(tmp_path / 'epoch_2.pth')['fp16']['loss_scaler'] == {}
+    assert load_meta(tmp_path / 'epoch_4.pth')['fp16']['loss_scaler'] == {}
 
 
 def test_resumes_a_checkpoint_written_by_mmcvs_own_hook(coco, tmp_path, probe, monkeypatch):
