@@ -37,6 +37,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
         fix_imports,
         scan,
     )
+    from .mmcv import patch_mmcv, unpatch_mmcv
     from .optim import AmpOptimWrapper, OptimWrapper, OptimWrapperDict, build_optim_wrapper
     from .scaler import LossScaler
     from .wrap import patch_forward_method, patch_norm_fp32, wrap_fp16_model
@@ -71,8 +72,10 @@ __all__ = [
     'has_native_amp',
     'nonfinite_summary',
     'patch_forward_method',
+    'patch_mmcv',
     'patch_norm_fp32',
     'scan',
+    'unpatch_mmcv',
     'wrap_fp16_model',
 ]
 
@@ -91,6 +94,8 @@ _EXPORTS = {
     'force_fp32': 'decorators',
     'Fp16OptimizerHook': 'hooks',
     'GradientCumulativeFp16OptimizerHook': 'hooks',
+    'patch_mmcv': 'mmcv',
+    'unpatch_mmcv': 'mmcv',
     'ConfigConversionError': 'migrate',
     'FileChange': 'migrate',
     'Finding': 'migrate',

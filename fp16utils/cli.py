@@ -1,4 +1,4 @@
-"""The ``fp16utils`` command: demo, env, migrate, scan, bench.
+"""The ``fp16utils`` command: demo, env, migrate, scan, run, bench.
 
 Exit codes: 0 success, 1 findings or failure, 2 usage errors. Errors are one
 line on stderr that names the file and the problem.
@@ -16,6 +16,7 @@ import json
 import os
 import runpy
 import sys
+import traceback
 import warnings
 from pathlib import Path
 from typing import NoReturn, Optional, Sequence, TextIO
@@ -190,7 +191,56 @@ def cmd_scan(args: argparse.Namespace, out: TextIO) -> int:
     return 1 if findings else 0
 
 
-# ------------------------------------------------------------------- bench
+# --------------------------------------------------------------- run, bench
+
+
+def _run_script(script: Path, argv: Sequence[str]) -> int:
+    """Run ``script`` as ``__main__`` with ``sys.argv = [script, *argv]``; its exit code.
+
+    As ``python SCRIPT`` would: the script's folder comes first on ``sys.path``;
+    ``sys.exit(code)`` gives ``code`` (a message is printed and gives 1); an
+    exception prints its traceback from the script's frame on and gives 1.
+    """
+    path = str(script.resolve())
+    saved_argv, saved_path0 = sys.argv, sys.path[0] if sys.path else None
+    sys.argv = [path, *argv]
+    if sys.path:
+        sys.path[0] = str(script.resolve().parent)
+    else:
+        sys.path.append(str(script.resolve().parent))
+    try:
+        runpy.run_path(path, run_name='__main__')
+    except SystemExit as stop:
+        if stop.code is None or isinstance(stop.code, int):
+            return stop.code or 0
+        sys.stderr.write(f'{stop.code}\n')
+        return 1
+    except Exception as err:  # noqa: BLE001 - reported as Python reports it
+        tb = err.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename != path:
+            tb = tb.tb_next
+        sys.stderr.flush()
+        traceback.print_exception(type(err), err, tb or err.__traceback__, file=sys.stderr)
+        return 1
+    finally:
+        sys.argv = saved_argv
+        if saved_path0 is not None:
+            sys.path[0] = saved_path0
+    return 0
+
+
+def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
+    """Patch mmcv 1.x with fp16utils, then run a script as ``__main__``."""
+    script = Path(args.script)
+    if not script.is_file():
+        raise UsageError(f'{args.script}: no such file')
+    from .mmcv import patch_mmcv
+
+    try:
+        patch_mmcv(dtype=args.dtype, backend=args.backend)
+    except ImportError as err:
+        raise CommandError(f'run: {err}') from None
+    return _run_script(script, args.args)
 
 
 def cmd_bench(args: argparse.Namespace, out: TextIO) -> int:
@@ -204,15 +254,7 @@ def cmd_bench(args: argparse.Namespace, out: TextIO) -> int:
                 f'{root}: no benchmarks here; they ship with the source checkout '
                 '(run from a clone installed with pip install -e .)')
         raise UsageError(f'{args.name}: no such benchmark; available: {", ".join(available)}')
-    argv = sys.argv
-    try:
-        sys.argv = [str(script), *args.rest]
-        runpy.run_path(str(script), run_name='__main__')
-    except SystemExit as stop:
-        return int(stop.code or 0)
-    finally:
-        sys.argv = argv
-    return 0
+    return _run_script(script, args.rest)
 
 
 # -------------------------------------------------------------------- demo
@@ -281,6 +323,21 @@ def build_parser() -> argparse.ArgumentParser:
                       help='with --fix: print the diff, write nothing')
     scan.add_argument('--json', action='store_true', help='machine-readable output')
     scan.set_defaults(func=cmd_scan)
+
+    run = sub.add_parser(
+        'run', help='patch mmcv 1.x with fp16utils, then run a script (e.g. tools/train.py)',
+        description='Put fp16utils in place of mmcv 1.x\'s fp16 decorators, wrap_fp16_model, '
+                    'LossScaler and hooks (fp16utils.patch_mmcv), then run SCRIPT as __main__ '
+                    'with ARGS as its arguments.')
+    run.add_argument('--dtype', choices=('float16', 'bfloat16'), default=None,
+                     help='low-precision dtype of the hooks and wrap_fp16_model (default: '
+                          'float16; a config\'s own dtype wins)')
+    run.add_argument('--backend', choices=('native', 'legacy'), default=None,
+                     help='default backend (default: native on torch >= 1.6)')
+    run.add_argument('script', metavar='SCRIPT', help='the Python script to run')
+    run.add_argument('args', metavar='ARGS', nargs=argparse.REMAINDER,
+                     help="the script's own arguments")
+    run.set_defaults(func=cmd_run)
 
     bench = sub.add_parser('bench', help='run a benchmark of a source checkout')
     bench.add_argument('name', help='decorators or train_step')

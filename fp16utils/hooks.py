@@ -16,6 +16,14 @@ restored from it; on the legacy backend the float32 masters are kept in
 ``runner.meta['fp16']['master_params']`` too, so that a resumed run continues
 from exactly the same weights.
 
+With mmcv 1.x: the hooks are real ``mmcv.runner.Hook`` subclasses as soon as
+``mmcv.runner`` is imported, before or after this module, so mmcv's
+``register_hook`` and ``HOOKS`` registry take them. This module never
+imports mmcv: it reads ``sys.modules`` when it is imported and each time a
+hook is made, and a finder on ``sys.meta_path`` notices when mmcv's hook
+module is imported later. Until then (and without mmcv) their base is
+a plain class that gives every stage of an mmcv hook.
+
 Example:
     >>> import torch
     >>> from torch import nn
@@ -36,8 +44,11 @@ Example:
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
 import logging
-from typing import Any, List, Mapping, Optional, Tuple, Union
+import sys
+from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -164,7 +175,63 @@ def _allreduce_grads(params: List[Any], coalesce: bool = True,
                 p.grad = None
 
 
-class Fp16OptimizerHook:
+def _calls(stage: str) -> Callable[[Any, Any], None]:
+    """A hook stage that calls the stage named ``stage`` (as mmcv's ``Hook`` does)."""
+
+    def call(self: Any, runner: Any) -> None:
+        getattr(self, stage)(runner)
+
+    call.__doc__ = f'Calls :meth:`{stage}`.'
+    return call
+
+
+class _RunnerHook:
+    """The base of the hooks while mmcv is not imported: every stage of an mmcv hook.
+
+    A runner other than mmcv's calls the stages it knows; the ones the hooks
+    do not use do nothing. ``priority`` is ``'ABOVE_NORMAL'``, where mmcv
+    registers optimizer hooks. Once ``mmcv.runner`` is imported, the hooks'
+    base becomes ``mmcv.runner.Hook`` instead (whose ``register_hook`` sets
+    ``priority`` itself and refuses a hook that already has one).
+
+    Example:
+        >>> _RunnerHook().before_epoch(runner=None)
+        >>> _RunnerHook.priority
+        'ABOVE_NORMAL'
+    """
+
+    priority = 'ABOVE_NORMAL'
+
+    def before_run(self, runner: Any) -> None:
+        """Nothing to do."""
+
+    def after_run(self, runner: Any) -> None:
+        """Nothing to do."""
+
+    def before_epoch(self, runner: Any) -> None:
+        """Nothing to do."""
+
+    def after_epoch(self, runner: Any) -> None:
+        """Nothing to do."""
+
+    def before_iter(self, runner: Any) -> None:
+        """Nothing to do."""
+
+    def after_iter(self, runner: Any) -> None:
+        """Nothing to do."""
+
+    # The train/val stages call the generic ones, so overriding before_iter covers both.
+    before_train_epoch = _calls('before_epoch')
+    before_val_epoch = _calls('before_epoch')
+    after_train_epoch = _calls('after_epoch')
+    after_val_epoch = _calls('after_epoch')
+    before_train_iter = _calls('before_iter')
+    before_val_iter = _calls('before_iter')
+    after_train_iter = _calls('after_iter')
+    after_val_iter = _calls('after_iter')
+
+
+class Fp16OptimizerHook(_RunnerHook):
     """mmcv's ``Fp16OptimizerHook``: fp16 backward, scaling, clipping and the update.
 
     After each training iteration the hook zeroes the gradients, backwards
@@ -206,13 +273,12 @@ class Fp16OptimizerHook:
         512.0
     """
 
-    priority = 'ABOVE_NORMAL'
-
     def __init__(self, grad_clip: Optional[Mapping[str, Any]] = None, coalesce: bool = True,
                  bucket_size_mb: float = -1,
                  loss_scale: Union[str, float, Mapping[str, Any]] = 512.,
                  distributed: bool = True, *, dtype: Union[torch.dtype, str, None] = None,
                  backend: Optional[str] = None, nonfinite: str = 'warn') -> None:
+        _follow_mmcv()
         owner = type(self).__name__
         self.nonfinite = check_nonfinite_policy(nonfinite, owner)
         self.grad_clip = dict(grad_clip) if grad_clip is not None else None
@@ -297,6 +363,13 @@ class Fp16OptimizerHook:
         self._model_only = [p for p in model.parameters() if id(p) not in held]
         fp16_meta = (runner.meta or {}).get('fp16') or {}
         step = int(getattr(runner, 'iter', 0) or 0)
+        if step and engine.enabled and not self._spec.static and not fp16_meta.get('loss_scaler'):
+            engine.logger.warning(
+                '%s: the run starts at iteration %d but runner.meta holds no loss-scaler '
+                "state ('fp16'); the dynamic scale starts again from %s. (mmcv's "
+                'IterBasedRunner.resume does not restore runner.meta: call '
+                'fp16utils.patch_mmcv() first, or start with `fp16utils run`.)',
+                owner, step, engine.loss_scale)
         pending = fp16_meta.get('pending_window')
         grads = None
         if pending is not None and int(pending['iter']) == step:
@@ -305,6 +378,10 @@ class Fp16OptimizerHook:
                                   fp16_meta.get('master_params'), grads),
                       step, owner, engine.grad_params(optimizer))
         self._restored_iter = None if grads is None else step
+        # Restored: the tensors leave runner.meta until the next update saves them again,
+        # since mmcv's TextLoggerHook writes runner.meta to its JSON log in before_run.
+        fp16_meta.pop('master_params', None)
+        fp16_meta.pop('pending_window', None)
 
     def _grad_params(self) -> List[Any]:
         """The tensors whose ``.grad`` accumulates over a window."""
@@ -355,31 +432,6 @@ class Fp16OptimizerHook:
         self._zero_grad(runner)
         engine.backward(runner.outputs['loss'])
         self._update(runner)
-
-    # -- the other stages of an mmcv hook, so that a generic runner can call them ----------
-
-    def after_run(self, runner: Any) -> None:
-        """Nothing to do."""
-
-    def before_epoch(self, runner: Any) -> None:
-        """Nothing to do."""
-
-    def after_epoch(self, runner: Any) -> None:
-        """Nothing to do."""
-
-    def before_iter(self, runner: Any) -> None:
-        """Nothing to do."""
-
-    def after_iter(self, runner: Any) -> None:
-        """Nothing to do."""
-
-    before_train_epoch = before_epoch
-    after_train_epoch = after_epoch
-    before_val_epoch = before_epoch
-    after_val_epoch = after_epoch
-    before_train_iter = before_iter
-    before_val_iter = before_iter
-    after_val_iter = after_iter
 
     def __repr__(self) -> str:
         return (f'{type(self).__name__}(backend={self.backend!r}, dtype={self.dtype}, '
@@ -459,3 +511,70 @@ class GradientCumulativeFp16OptimizerHook(Fp16OptimizerHook):
         return (f'{type(self).__name__}(cumulative_iters={self.cumulative_iters}, '
                 f'backend={self.backend!r}, dtype={self.dtype}, loss_scale={self.loss_scale}, '
                 f'grad_clip={self.grad_clip})')
+
+
+# -- mmcv's Hook as the base, once mmcv's runner is imported ---------------------------------
+
+#: The module that defines ``mmcv.runner.Hook`` (mmcv 0.x and 1.x; mmcv 2.x has none).
+_MMCV_HOOK_MODULE = 'mmcv.runner.hooks.hook'
+
+
+def _set_base(base: Optional[type] = None) -> None:
+    """Make ``base`` (mmcv's ``Hook``; None: the plain base) the base of the hooks.
+
+    Both hook classes follow: the cumulative hook derives from
+    :class:`Fp16OptimizerHook`, and so do hooks that users derive from them.
+    Existing hook objects follow too (``isinstance`` reads the class's bases).
+    """
+    base = _RunnerHook if base is None else base
+    if Fp16OptimizerHook.__bases__ == (base,):
+        return
+    try:
+        Fp16OptimizerHook.__bases__ = (base,)
+    except TypeError as err:  # a user class that lists mmcv's Hook before ours
+        logger.warning('fp16utils hooks could not take %s.%s as their base (%s); mmcv '
+                       'runners will refuse them.', base.__module__, base.__qualname__, err)
+
+
+def _follow_mmcv() -> None:
+    """Take ``mmcv.runner.Hook`` as the base if mmcv's hook module is imported; never import it."""
+    module = sys.modules.get(_MMCV_HOOK_MODULE)
+    base = getattr(module, 'Hook', None)
+    if isinstance(base, type) and base is not Fp16OptimizerHook.__bases__[0]:
+        _set_base(base)
+
+
+class _LoaderThenFollow(importlib.abc.Loader):
+    """Loads mmcv's hook module with its own loader, then calls :func:`_follow_mmcv`."""
+
+    def __init__(self, loader: Any) -> None:
+        self._loader = loader
+
+    def create_module(self, spec: Any) -> Any:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self._loader.exec_module(module)
+        _follow_mmcv()
+
+    def __getattr__(self, name: str) -> Any:  # get_source, get_filename, ...: the real loader's
+        return getattr(self._loader, name)
+
+
+class _MmcvHookWatcher(importlib.abc.MetaPathFinder):
+    """Notices the import of mmcv's hook module (``sys.meta_path``); finds nothing else."""
+
+    def find_spec(self, fullname: str, path: Optional[Sequence[str]],
+                  target: Any = None) -> Any:
+        if fullname != _MMCV_HOOK_MODULE:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
+        if spec is None or not hasattr(spec.loader, 'exec_module'):
+            return None  # the other finders decide; hooks made later still follow mmcv
+        spec.loader = _LoaderThenFollow(spec.loader)
+        return spec
+
+
+_follow_mmcv()
+if not any(isinstance(finder, _MmcvHookWatcher) for finder in sys.meta_path):
+    sys.meta_path.insert(0, _MmcvHookWatcher())

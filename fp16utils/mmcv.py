@@ -1,0 +1,382 @@
+"""Put fp16utils in place of mmcv 1.x's fp16 names: :func:`patch_mmcv`, :func:`unpatch_mmcv`.
+
+mmcv is imported by :func:`patch_mmcv` only, never when this module is
+imported. What the patch replaces, in the modules of mmcv that have them:
+
+- ``mmcv.runner.fp16_utils``: ``auto_fp16``, ``force_fp32``,
+  ``wrap_fp16_model``, ``patch_norm_fp32``, ``patch_forward_method``,
+  ``cast_tensor_type``, ``LossScaler``;
+- ``mmcv.runner``: ``auto_fp16``, ``force_fp32``, ``wrap_fp16_model``,
+  ``LossScaler``, ``Fp16OptimizerHook``, ``GradientCumulativeFp16OptimizerHook``;
+- ``mmcv.runner.hooks``: the two hooks; ``mmcv.runner.hooks.optimizer``: the
+  two hooks, ``LossScaler`` and ``wrap_fp16_model``;
+- the ``HOOKS`` registry entries ``'Fp16OptimizerHook'`` and
+  ``'GradientCumulativeFp16OptimizerHook'`` (so ``optimizer_config =
+  dict(type='Fp16OptimizerHook', ...)`` builds ours);
+- ``IterBasedRunner.resume``: wrapped so that it brings back
+  ``runner.meta['fp16']`` from the checkpoint (mmcv's own restores no
+  ``meta``, so the loss scale was lost) and, on a machine without CUDA, loads
+  to the CPU (mmcv's own asks CUDA for the current device).
+
+The decorators, ``cast_tensor_type``, ``patch_norm_fp32``,
+``patch_forward_method`` and ``LossScaler`` are fp16utils' own objects. The
+hooks and ``wrap_fp16_model`` installed are this module's
+:class:`Fp16OptimizerHook`, :class:`GradientCumulativeFp16OptimizerHook` and
+:func:`wrap_fp16_model`: fp16utils' own (subclasses, a wrapper) that take the
+``dtype`` and ``backend`` given to :func:`patch_mmcv` as their defaults.
+
+Example:
+    >>> import fp16utils
+    >>> fp16utils.unpatch_mmcv()  # nothing is patched: nothing to restore
+    []
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import sys
+import types
+import warnings
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+
+import torch
+from torch import nn
+
+from . import _torch
+from . import hooks as _hooks
+from .cast import cast_tensor_type
+from .decorators import auto_fp16, force_fp32
+from .scaler import LossScaler
+from .wrap import patch_forward_method, patch_norm_fp32
+from .wrap import wrap_fp16_model as _wrap_fp16_model
+
+__all__ = ['patch_mmcv', 'unpatch_mmcv']
+
+_HOOK_NAMES = ('Fp16OptimizerHook', 'GradientCumulativeFp16OptimizerHook')
+#: mmcv module -> the names replaced there (those the module has).
+_TARGETS: Dict[str, Tuple[str, ...]] = {
+    'mmcv.runner.fp16_utils': ('auto_fp16', 'force_fp32', 'wrap_fp16_model', 'patch_norm_fp32',
+                               'patch_forward_method', 'cast_tensor_type', 'LossScaler'),
+    'mmcv.runner': ('auto_fp16', 'force_fp32', 'wrap_fp16_model', 'LossScaler', *_HOOK_NAMES),
+    'mmcv.runner.hooks': _HOOK_NAMES,
+    'mmcv.runner.hooks.optimizer': ('LossScaler', 'wrap_fp16_model', *_HOOK_NAMES),
+}
+#: Shown for how many modules the already-imported warning names, at most.
+_WARN_MODULES = 12
+
+
+class _Patch:
+    """What :func:`patch_mmcv` changed, to put back, and the defaults it was given."""
+
+    def __init__(self) -> None:
+        self.dtype: Optional[torch.dtype] = None
+        self.backend: Optional[str] = None
+        self.runner: Optional[types.ModuleType] = None  # the mmcv.runner that was patched
+        self.attrs: List[Tuple[Any, str, Any]] = []     # (owner, name, original)
+        self.registry: List[Tuple[Any, str, Any]] = []  # (HOOKS, name, original or None)
+        self.replaced: List[str] = []
+
+
+_patch = _Patch()
+
+
+# -- what goes into mmcv -------------------------------------------------------------------
+
+
+class _PatchDefaults:
+    """Takes :func:`patch_mmcv`'s ``dtype`` and ``backend`` where the caller gives none."""
+
+    def __init__(self, *args: Any, dtype: Union[torch.dtype, str, None] = None,
+                 backend: Optional[str] = None, **kwargs: Any) -> None:
+        super().__init__(*args, dtype=_patch.dtype if dtype is None else dtype,  # type: ignore[call-arg]
+                         backend=_patch.backend if backend is None else backend, **kwargs)
+
+
+class Fp16OptimizerHook(_PatchDefaults, _hooks.Fp16OptimizerHook):
+    """:class:`fp16utils.Fp16OptimizerHook` as :func:`patch_mmcv` puts it into mmcv.
+
+    The same hook; ``dtype`` and ``backend`` default to what was given to
+    :func:`patch_mmcv` (None there: fp16utils' defaults).
+
+    Example:
+        >>> import fp16utils
+        >>> isinstance(Fp16OptimizerHook(loss_scale='dynamic'), fp16utils.Fp16OptimizerHook)
+        True
+    """
+
+
+class GradientCumulativeFp16OptimizerHook(_PatchDefaults,
+                                          _hooks.GradientCumulativeFp16OptimizerHook):
+    """:class:`fp16utils.GradientCumulativeFp16OptimizerHook` as :func:`patch_mmcv` installs it.
+
+    Example:
+        >>> GradientCumulativeFp16OptimizerHook(cumulative_iters=2).cumulative_iters
+        2
+    """
+
+
+def wrap_fp16_model(model: nn.Module, dtype: Union[torch.dtype, str, None] = None,
+                    backend: Optional[str] = None) -> nn.Module:
+    """:func:`fp16utils.wrap_fp16_model`, defaulting to :func:`patch_mmcv`'s dtype and backend.
+
+    Args:
+        model: A float32 model.
+        dtype: float16 or bfloat16; None: the patch's dtype, else fp16utils' default.
+        backend: ``'native'``, ``'legacy'``; None: the patch's, else the default.
+
+    Returns:
+        ``model`` itself.
+
+    Example:
+        >>> from torch import nn
+        >>> class Net(nn.Linear):
+        ...     fp16_enabled = False
+        >>> wrap_fp16_model(Net(2, 2)).fp16_enabled
+        True
+    """
+    return _wrap_fp16_model(model, _patch.dtype if dtype is None else dtype,
+                            _patch.backend if backend is None else backend)
+
+
+_REPLACEMENTS: Dict[str, Any] = {
+    'auto_fp16': auto_fp16,
+    'force_fp32': force_fp32,
+    'wrap_fp16_model': wrap_fp16_model,
+    'patch_norm_fp32': patch_norm_fp32,
+    'patch_forward_method': patch_forward_method,
+    'cast_tensor_type': cast_tensor_type,
+    'LossScaler': LossScaler,
+    'Fp16OptimizerHook': Fp16OptimizerHook,
+    'GradientCumulativeFp16OptimizerHook': GradientCumulativeFp16OptimizerHook,
+}
+
+
+def _resume_keeping_fp16(resume: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap ``IterBasedRunner.resume``: keep the checkpoint's ``meta['fp16']``; CPU loads."""
+
+    @functools.wraps(resume)
+    def wrapper(self: Any, checkpoint: Any, resume_optimizer: bool = True,
+                map_location: Any = 'default') -> Any:
+        if map_location == 'default' and not torch.cuda.is_available():
+            map_location = 'cpu'
+        loaded: List[Dict[str, Any]] = []
+        load = self.load_checkpoint
+
+        def load_and_keep(*args: Any, **kwargs: Any) -> Any:
+            result = load(*args, **kwargs)
+            loaded.append(result)
+            return result
+
+        own = vars(self).get('load_checkpoint')  # an instance's own, rarely
+        self.load_checkpoint = load_and_keep
+        try:
+            result = resume(self, checkpoint, resume_optimizer, map_location)
+        finally:
+            if own is None:
+                del self.load_checkpoint
+            else:
+                self.load_checkpoint = own
+        meta = loaded[-1].get('meta') if loaded and isinstance(loaded[-1], dict) else None
+        if isinstance(meta, dict) and 'fp16' in meta:
+            if self.meta is None:
+                self.meta = {}
+            self.meta['fp16'] = meta['fp16']
+        return result
+
+    wrapper.__fp16utils_original__ = resume  # type: ignore[attr-defined]
+    return wrapper
+
+
+# -- patch / unpatch -----------------------------------------------------------------------
+
+
+def _import_mmcv_runner() -> types.ModuleType:
+    try:
+        return importlib.import_module('mmcv.runner')
+    except ImportError as err:
+        try:
+            version = importlib.import_module('mmcv').__version__
+        except Exception:  # noqa: BLE001 - mmcv itself is what is missing
+            version = None
+        if version is None:
+            raise ImportError(f'patch_mmcv() needs mmcv 1.x, which is not importable ({err}). '
+                              "Install it, e.g. MMCV_WITH_OPS=0 pip install 'mmcv>=1.3,<2'."
+                              ) from err
+        raise ImportError(f'patch_mmcv() needs mmcv 1.x with mmcv.runner; mmcv {version} '
+                          f'has none ({err}). mmcv 2.x training runs on MMEngine.') from err
+
+
+def _set(owner: Any, name: str, value: Any) -> None:
+    _patch.attrs.append((owner, name, getattr(owner, name)))
+    setattr(owner, name, value)
+
+
+def patch_mmcv(dtype: Union[torch.dtype, str, None] = None,
+               backend: Optional[str] = None) -> List[str]:
+    """Put fp16utils' decorators, ``wrap_fp16_model``, ``LossScaler`` and hooks in mmcv 1.x.
+
+    Imports mmcv (``mmcv.runner``) and replaces mmcv's fp16 names in its
+    modules and its ``HOOKS`` registry, and wraps ``IterBasedRunner.resume``
+    so the loss scale survives it; see :mod:`fp16utils.mmcv` for the exact
+    list. Calling it again changes nothing but the defaults;
+    :func:`unpatch_mmcv` puts mmcv's objects back.
+
+    Decorators bind when a module is imported: a class whose methods were
+    decorated by mmcv's ``@auto_fp16``/``@force_fp32`` before the patch keeps
+    them, and a module that did ``from mmcv.runner import Fp16OptimizerHook``
+    keeps mmcv's hook. The patch warns, naming those modules; patch first
+    (or start the program with ``fp16utils run``).
+
+    Args:
+        dtype: The default low-precision dtype of the hooks and of
+            ``wrap_fp16_model`` as installed (float16 or bfloat16); None:
+            fp16utils' default (float16). A config's own ``dtype`` wins.
+        backend: Their default backend (``'native'`` or ``'legacy'``); None:
+            the process default.
+
+    Returns:
+        The names replaced, as ``'module.name'`` (registry entries as
+        ``"HOOKS['name']"``).
+
+    Raises:
+        ImportError: mmcv is not importable, or has no ``mmcv.runner`` (mmcv 2.x).
+        ValueError: An unknown dtype or backend.
+
+    Example:
+        >>> import fp16utils
+        >>> replaced = fp16utils.patch_mmcv(dtype='bfloat16')  # doctest: +SKIP
+        >>> 'mmcv.runner.auto_fp16' in replaced  # doctest: +SKIP
+        True
+    """
+    low = None if dtype is None else _torch.resolve_dtype(dtype)
+    chosen = None if backend is None else _torch.resolve_backend(backend)
+    runner = _import_mmcv_runner()
+    if _patch.runner is not None and _patch.runner is not runner:
+        unpatch_mmcv()  # another mmcv was patched (it left sys.modules): forget it
+    _patch.dtype, _patch.backend = low, chosen
+    if _patch.runner is runner:
+        return list(_patch.replaced)
+    originals = _install(runner)
+    _patch.runner = runner
+    _warn_already_bound(originals)
+    return list(_patch.replaced)
+
+
+def _install(runner: types.ModuleType) -> Dict[int, str]:
+    """Replace the names; return id(original) -> its name, for the warning."""
+    originals: Dict[int, str] = {}
+    for module_name, names in _TARGETS.items():
+        module = sys.modules.get(module_name)
+        if module is None:
+            continue
+        for name in names:
+            original = getattr(module, name, None)
+            if original is None or original is _REPLACEMENTS[name]:
+                continue
+            originals[id(original)] = name
+            _set(module, name, _REPLACEMENTS[name])
+            _patch.replaced.append(f'{module_name}.{name}')
+    registry = getattr(runner, 'HOOKS', None)
+    if registry is not None:
+        for name in _HOOK_NAMES:
+            original = registry.get(name)
+            registry.register_module(name=name, force=True, module=_REPLACEMENTS[name])
+            _patch.registry.append((registry, name, original))
+            _patch.replaced.append(f"HOOKS['{name}']")
+    iter_runner = getattr(runner, 'IterBasedRunner', None)
+    resume = None if iter_runner is None else iter_runner.__dict__.get('resume')
+    if resume is not None:
+        _set(iter_runner, 'resume', _resume_keeping_fp16(resume))
+        _patch.replaced.append(f'{iter_runner.__module__}.IterBasedRunner.resume')
+    return originals
+
+
+def unpatch_mmcv() -> List[str]:
+    """Put back what :func:`patch_mmcv` replaced in mmcv; does nothing when nothing is patched.
+
+    Classes decorated while the patch was in place keep fp16utils' decorators.
+
+    Returns:
+        The names put back (empty when nothing was patched).
+
+    Example:
+        >>> import fp16utils
+        >>> fp16utils.unpatch_mmcv()
+        []
+    """
+    for owner, name, original in reversed(_patch.attrs):
+        setattr(owner, name, original)
+    for registry, name, original in reversed(_patch.registry):
+        if original is None:
+            registry._module_dict.pop(name, None)
+        else:
+            registry.register_module(name=name, force=True, module=original)
+    restored = list(_patch.replaced)
+    _patch.__init__()  # type: ignore[misc]
+    return restored
+
+
+# -- the warning about what was bound before the patch -----------------------------------
+
+
+def _decorator_codes() -> Dict[int, Any]:
+    """id -> code object of the functions that mmcv's decorators return (by identity)."""
+    codes: Dict[int, Any] = {}
+    for _, name, original in _patch.attrs:
+        if name in ('auto_fp16', 'force_fp32') and callable(original):
+            try:
+                code = original()(lambda self: None).__code__
+            except Exception:  # noqa: BLE001 - a decorator of another shape: nothing to find
+                continue
+            codes[id(code)] = code
+    return codes
+
+
+def _functions_of(cls: type) -> List[Tuple[str, Any]]:
+    """``cls``'s own functions (those of static/class methods and properties too)."""
+    found = []
+    for attr, value in vars(cls).items():
+        kind = type(value)  # type(), never isinstance(): lazy objects import on access
+        if kind is staticmethod or kind is classmethod:
+            value = value.__func__
+        elif kind is property:
+            value = value.fget
+        if type(value) is types.FunctionType:
+            found.append((attr, value))
+    return found
+
+
+def _still_bound(originals: Dict[int, str], codes: Dict[int, Any]
+                 ) -> Dict[str, List[str]]:
+    """module name -> what it still holds of mmcv's (names, or Class.method decorated)."""
+    patched = {id(owner) for owner, _, _ in _patch.attrs}
+    held: Dict[str, List[str]] = {}
+    for module_name, module in list(sys.modules.items()):
+        if (type(module) is not types.ModuleType or id(module) in patched
+                or module_name.partition('.')[0] == 'fp16utils'):
+            continue
+        for attr, value in list(vars(module).items()):
+            if id(value) in originals:
+                held.setdefault(module_name, []).append(attr)
+            elif (codes and issubclass(type(value), type)
+                    and vars(value).get('__module__') == module_name):
+                for method, func in _functions_of(value):
+                    if id(func.__code__) in codes:
+                        held.setdefault(module_name, []).append(f'{value.__qualname__}.{method}')
+    return held
+
+
+def _warn_already_bound(originals: Dict[int, str]) -> None:
+    held = _still_bound(originals, _decorator_codes())
+    if not held:
+        return
+    names = sorted(held)
+    shown = [f'{name} ({", ".join(held[name][:3])}{", ..." if len(held[name]) > 3 else ""})'
+             for name in names[:_WARN_MODULES]]
+    more = f', and {len(names) - _WARN_MODULES} more' if len(names) > _WARN_MODULES else ''
+    warnings.warn(
+        f"patch_mmcv(): {len(names)} module(s) imported before the patch still hold mmcv's "
+        f'fp16 decorators or names, which bind at import: {"; ".join(shown)}{more}. Call '
+        'patch_mmcv() before importing them, or start the program with `fp16utils run`.',
+        UserWarning, stacklevel=3)
