@@ -20,9 +20,11 @@ _spec = find_spec('mmengine')
 collect_ignore = ([] if _spec is not None and _spec.origin is not None
                   else ['fp16utils/mmengine.py'])
 
-# A wrapper checks its dtype when built; a hook when the run starts (before_run).
+# A wrapper, an engine and wrap_fp16_model check their dtype when called; a hook when
+# the run starts (before_run).
 _TRAINS = re.compile(
-    r'\b(AmpOptimWrapper\(|build_optim_wrapper\(|make_grad_scaler\(|NativeEngine\(|\.before_run\()')
+    r'\b(AmpOptimWrapper\(|build_optim_wrapper\(|make_grad_scaler\(|NativeEngine\(|'
+    r'wrap_fp16_model\(|\.before_run\()')
 
 
 def _cpu_float16_lacks() -> str | None:

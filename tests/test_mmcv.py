@@ -17,6 +17,7 @@ import textwrap
 import warnings
 from pathlib import Path
 
+import _caps  # tests/ is on sys.path: see conftest.py
 import pytest
 import torch
 from torch import nn
@@ -346,6 +347,7 @@ def test_patch_without_mmcv_1x_says_what_is_missing(tmp_path, monkeypatch):
 
 
 def test_iter_runner_resume_keeps_the_fp16_meta_and_loads_to_the_cpu(fake_mmcv, tmp_path):
+    _caps.require(torch.float16)  # loss scaling: float16 kernels on the CPU
     import mmcv.runner
 
     fp16 = {'loss_scaler': {'scale': 4096.0, 'growth_factor': 2.0, 'backoff_factor': 0.5,
@@ -374,6 +376,7 @@ def test_iter_runner_resume_keeps_the_fp16_meta_and_loads_to_the_cpu(fake_mmcv, 
 
 
 def test_hook_warns_when_a_resumed_run_has_no_scale_state(caplog):
+    _caps.require(torch.float16)  # loss scaling: float16 kernels on the CPU
     model = nn.Linear(2, 1)
 
     class Runner:
