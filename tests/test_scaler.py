@@ -420,14 +420,7 @@ def test_has_overflow_single_sync(monkeypatch, bad_at):
     params = _many_params(bad_at=bad_at)
     fused_here = all(fp16utils._torch.fused_check_supports('cpu', d)
                      for d in {p.grad.dtype for p in params})
-    fused_calls = []
-    real_fused = torch._amp_foreach_non_finite_check_and_unscale_
-
-    def counting_fused(*args):
-        fused_calls.append(len(args[0]))
-        return real_fused(*args)
-
-    monkeypatch.setattr(torch, '_amp_foreach_non_finite_check_and_unscale_', counting_fused)
+    fused_calls = _counting_fused(monkeypatch)
     counter = SyncCounter(monkeypatch)
     scaler = LossScaler()
     for _ in range(3):  # the first call makes the flag tensors, later ones reuse them
