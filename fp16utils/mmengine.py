@@ -159,6 +159,11 @@ class Fp16utilsOptimWrapperDict(OptimWrapperDict, _MMOptimWrapperDict):
                                 max_counts: int) -> None:
         """Do nothing (MMEngine's behaviour); call it on each entry where needed."""
 
+    def __repr__(self) -> str:
+        """MMEngine's form: ``name: <name>`` then the entry, for each entry."""
+        return ''.join(f'name: {name}\n{wrapper!r}\n'
+                       for name, wrapper in self.optim_wrappers.items())
+
 
 #: Standard wrapper names that this package's constructors read as its own wrappers.
 _OWN = {None: Fp16utilsOptimWrapper, 'OptimWrapper': Fp16utilsOptimWrapper,

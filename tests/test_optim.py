@@ -906,3 +906,20 @@ def test_autocast_follows_parameters_replaced_by_an_assigning_load():
     with wrapper.optim_context(model):
         out = model(torch.ones(1, 4))
     assert out.dtype == low and out.device.type == 'cpu'
+
+
+def test_optim_wrapper_dict_errors_read_as_mmengine_writes_them():
+    """Code written against MMEngine catches the same exceptions with the same words."""
+    gan = nn.ModuleDict(dict(generator=nn.Linear(2, 2)))
+    sgd = torch.optim.SGD(gan.generator.parameters(), lr=0.1)
+    for kind in (TypeError, AssertionError):
+        with pytest.raises(kind, match='`OptimWrapperDict` only accept'):
+            OptimWrapperDict(generator=sgd)
+    wrappers = OptimWrapperDict(generator=OptimWrapper(sgd))
+    for what, call in (('update_params', lambda: wrappers.update_params(torch.ones(()))),
+                       ('backward', lambda: wrappers.backward(torch.ones(()))),
+                       ('step', wrappers.step),
+                       ('optim_context', lambda: wrappers.optim_context(gan))):
+        with pytest.raises(NotImplementedError, match=f'`{what}` should be called') as err:
+            call()
+        assert "optim_wrapper['generator']" in str(err.value)

@@ -36,6 +36,14 @@ __all__ = ['OptimWrapperDict']
 _Tensor = torch.Tensor
 
 
+class _EntryTypeError(TypeError, AssertionError):
+    """A dict entry that is not an optimizer wrapper.
+
+    A TypeError, and an AssertionError too, as MMEngine's ``OptimWrapperDict``
+    raises for it, so code written against either catches it.
+    """
+
+
 class OptimWrapperDict:
     """Several optimizer wrappers under names, for models with several optimizers (GANs).
 
@@ -69,19 +77,20 @@ class OptimWrapperDict:
     def __init__(self, **wrappers: OptimWrapper) -> None:
         for name, wrapper in wrappers.items():
             if not isinstance(wrapper, self._entry_types):
-                raise TypeError(
-                    f'OptimWrapperDict entry {name!r} must be an OptimWrapper (or '
-                    f'AmpOptimWrapper), got {type(wrapper).__name__}; wrap the optimizer '
-                    'first, e.g. OptimWrapper(optimizer).')
+                raise _EntryTypeError(
+                    f'`OptimWrapperDict` only accepts optimizer wrappers: entry {name!r} '
+                    f'must be an OptimWrapper (or AmpOptimWrapper), got '
+                    f'{type(wrapper).__name__}; wrap the optimizer first, e.g. '
+                    'OptimWrapper(optimizer).')
         self.optim_wrappers: Dict[str, OptimWrapper] = dict(wrappers)
 
     def _per_entry(self, what: str) -> NotImplementedError:
         names = list(self.optim_wrappers)
         example = names[0] if names else 'generator'
         return NotImplementedError(
-            f'OptimWrapperDict.{what}() is ambiguous: this dict holds one wrapper per '
-            f'sub-model {names}; call it on one of them, e.g. '
-            f"optim_wrapper[{example!r}].{what}(...).")
+            f'`{what}` should be called by each optimizer wrapper separately: this '
+            f'OptimWrapperDict holds one per sub-model {names}; call it on one of them, '
+            f"e.g. optim_wrapper[{example!r}].{what}(...).")
 
     def update_params(self, loss: _Tensor, step_kwargs: Optional[Dict[str, Any]] = None,
                       zero_kwargs: Optional[Dict[str, Any]] = None) -> None:

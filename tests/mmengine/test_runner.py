@@ -245,3 +245,15 @@ def test_converted_mmdet_config_with_paramwise_cfg_matches_our_builder(tmp_path)
     assert strip[0] == strip[1] == [(0.02, 1e-4), (0.04, 0.0), (0.002, 1e-4), (0.002, 1e-4)]
     assert theirs.get_lr()['base_lr'] == [0.02]
     assert theirs.loss_scale == ours.loss_scale == 512.0
+
+
+def test_the_plugin_dict_reads_as_mmengine_writes_it():
+    """Its repr names each entry as MMEngine's does; its errors are MMEngine's types too."""
+    from fp16utils.mmengine import Fp16utilsOptimWrapper, Fp16utilsOptimWrapperDict
+    sgd = torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1)
+    wrappers = Fp16utilsOptimWrapperDict(optim1=Fp16utilsOptimWrapper(sgd))
+    assert repr(wrappers).startswith('name: optim1\n')
+    with pytest.raises(AssertionError, match='`OptimWrapperDict` only accept'):
+        Fp16utilsOptimWrapperDict(optim1=sgd)
+    with pytest.raises(NotImplementedError, match='`step` should be called'):
+        wrappers.step()
