@@ -923,3 +923,15 @@ def test_optim_wrapper_dict_errors_read_as_mmengine_writes_them():
         with pytest.raises(NotImplementedError, match=f'`{what}` should be called') as err:
             call()
         assert "optim_wrapper['generator']" in str(err.value)
+
+
+def test_resume_warnings_keep_mmengine_words(caplog):
+    """Log filters written for MMEngine's messages still catch these warnings."""
+    p = nn.Parameter(torch.ones(1))
+    wrapper = OptimWrapper(torch.optim.SGD([p], lr=1.0), accumulative_counts=3)
+    with caplog.at_level(logging.WARNING, logger='fp16utils'):
+        wrapper.initialize_count_status(nn.BatchNorm2d(1), 2, 100)
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 2
+    assert messages[0].startswith('Resumed iteration number 2 is not a multiple')
+    assert messages[1].startswith('Gradient accumulative training with BatchNorm')

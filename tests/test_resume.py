@@ -199,7 +199,7 @@ def test_resume_mid_window_without_the_saved_window_warns_that_gradients_are_los
     fresh = W.Trainer('wrapper', 'native', accumulate=2, seed=5, dtype=NATIVE)
     with caplog.at_level(logging.WARNING, logger='fp16utils'):
         fresh.resume(ckpt)
-    assert 'Resumed at iteration 5, which is not a multiple of accumulative_counts=2' in (
+    assert 'Resumed iteration number 5 is not a multiple of accumulative_counts=2' in (
         caplog.text)
     assert fresh.wrapper.inner_count == 5
     assert fresh.wrapper.should_sync()  # the next backward completes the window (DDP sync)
@@ -215,7 +215,7 @@ def test_resume_mid_window_with_the_saved_window_does_not_warn(caplog):
     fresh = W.Trainer('wrapper', 'native', accumulate=2, seed=5, dtype=NATIVE)
     with caplog.at_level(logging.WARNING, logger='fp16utils'):
         fresh.resume(trainer.checkpoint())
-    assert 'Resumed at iteration' not in caplog.text
+    assert 'Resumed iteration number' not in caplog.text
     assert fresh.wrapper.inner_count == 5
     saved = trainer.checkpoint()['optim']['pending_window']['grads']
     for p, g in zip(fresh.wrapper.optimizer.param_groups[0]['params'], saved):

@@ -79,10 +79,10 @@ class AccumulationWindow:
         """
         if done % self.counts and not restored:
             log.warning(
-                f'Resumed at iteration {done}, which is not a multiple of '
-                f'{self.name}={self.counts}, without the gradients of the interrupted '
-                f'accumulation window ({keep_hint} to keep them).')
+                f'Resumed iteration number {done} is not a multiple of '
+                f'{self.name}={self.counts}: the gradients of the interrupted '
+                f'accumulation window are lost ({keep_hint} to keep them).')
         if self.counts > 1 and any(isinstance(m, _BatchNorm) for m in model.modules()):
-            log.warning('Gradient accumulation with BatchNorm layers: the statistics come '
-                        'from the small batches, so results may differ slightly from one '
-                        'large batch.')
+            log.warning(f'Gradient accumulative training with BatchNorm layers '
+                        f'({self.name}={self.counts}): the statistics come from the small '
+                        'batches, so results may differ slightly from one large batch.')

@@ -336,7 +336,7 @@ def test_plugin_classes_are_what_mmengine_checks_for():
     logger = MMLogger.get_instance('fp16utils-differential')
     with logger_records(logger) as records:
         clipped.initialize_count_status(model, 2, 9)  # the warning reaches the run's log
-    assert any('Resumed at iteration 2' in r.getMessage() for r in records)
+    assert any('Resumed iteration number 2' in r.getMessage() for r in records)
     wrappers = plugin.Fp16utilsOptimWrapperDict(g=wrapper)
     assert isinstance(wrappers, mo.OptimWrapperDict)
     from mmengine.registry import OPTIM_WRAPPER_CONSTRUCTORS, OPTIM_WRAPPERS
