@@ -20,6 +20,7 @@ import math
 from typing import Any, Dict, Mapping, NamedTuple, Optional, Tuple
 
 __all__ = [
+    'NotADictError',
     'GRAD_SCALER_ARGS', 'GRAD_SCALER_STATE_KEYS', 'LOSS_SCALER_ARGS', 'MIN_LOSS_SCALE',
     'MMCV_DYNAMIC', 'MMCV_STATE_KEYS', 'NONFINITE_POLICIES', 'SCALE_HISTORY_LEN',
     'ScaleSpec', 'TORCH_DYNAMIC', 'check_nonfinite_policy', 'check_positive_int',
@@ -35,6 +36,14 @@ SCALE_HISTORY_LEN = 64
 #: The native loss scale never backs off below this (nor below its initial value),
 #: as mmcv's LossScaler never goes below 1.
 MIN_LOSS_SCALE = 1.0
+
+
+class NotADictError(ValueError, AssertionError):
+    """A setting that must be a dict is not one.
+
+    A ValueError, and an AssertionError too, as MMEngine raises for the same
+    mistake, so code written against either catches it.
+    """
 
 
 def is_number(value: Any) -> bool:
@@ -242,7 +251,10 @@ def parse_clip_grad(clip_grad: Any, owner: str) -> Optional[Tuple[str, Dict[str,
         return None
     usage = (f"{owner}: clip_grad must be None, dict(max_norm=..., norm_type=2) to clip by "
              "norm, or dict(type='value', clip_value=...) to clip by value")
-    if not isinstance(clip_grad, Mapping) or not clip_grad:
+    if not isinstance(clip_grad, Mapping):
+        raise NotADictError(f'If `clip_grad` is not None, it should be a `dict`. {usage}; got '
+                            f'{clip_grad!r}.')
+    if not clip_grad:
         raise ValueError(f'{usage}; got {clip_grad!r}.')
     kwargs = dict(clip_grad)
     kind = kwargs.pop('type', 'norm')

@@ -935,3 +935,23 @@ def test_resume_warnings_keep_mmengine_words(caplog):
     assert len(messages) == 2
     assert messages[0].startswith('Resumed iteration number 2 is not a multiple')
     assert messages[1].startswith('Gradient accumulative training with BatchNorm')
+
+
+def test_clip_grad_that_is_not_a_dict_reads_as_mmengine_writes_it():
+    p = nn.Parameter(torch.ones(1))
+    for kind in (ValueError, AssertionError):
+        with pytest.raises(kind, match=r'If `clip_grad` is not None, it should be a `dict`'):
+            OptimWrapper(torch.optim.SGD([p], lr=1.0), clip_grad=[])
+
+
+def test_a_stand_in_optimizer_is_driven_as_it_is():
+    """An Optimizer instance (a mock in someone's tests, say) is stepped and zeroed as is."""
+    from unittest.mock import MagicMock
+    optimizer = MagicMock(spec=torch.optim.Optimizer)
+    wrapper = OptimWrapper(optimizer)
+    wrapper.step()
+    wrapper.zero_grad()
+    optimizer.step.assert_called_once_with()
+    optimizer.zero_grad.assert_called_once_with()
+    with pytest.raises(TypeError, match='wraps a torch.optim.Optimizer, got object'):
+        OptimWrapper(object())

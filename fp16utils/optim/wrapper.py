@@ -30,7 +30,8 @@ _NULL_CONTEXT = contextlib.nullcontext()
 
 
 def _check_optimizer(optimizer: Any, owner: str) -> None:
-    if not (hasattr(optimizer, 'param_groups') and hasattr(optimizer, 'step')
+    if not isinstance(optimizer, torch.optim.Optimizer) and not (
+            hasattr(optimizer, 'param_groups') and hasattr(optimizer, 'step')
             and hasattr(optimizer, 'zero_grad')):
         raise TypeError(
             f'{owner} wraps a torch.optim.Optimizer, got {type(optimizer).__name__}; build '
@@ -88,7 +89,7 @@ class OptimWrapper:
         #: too, so ``get_lr()['base_lr']`` follows the schedule without the
         #: per-group multipliers. None with one group.
         self.base_param_settings: Optional[Dict[str, Any]] = None
-        if len(optimizer.param_groups) > 1:
+        if len(getattr(optimizer, 'param_groups', ())) > 1:  # a stand-in may have none
             self.base_param_settings = {'params': torch.tensor([0.0]), **optimizer.defaults}
 
     # -- counters ---------------------------------------------------------------------------
