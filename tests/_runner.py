@@ -138,3 +138,16 @@ def state_tensors(optimizer: torch.optim.Optimizer) -> int:
     """How many tensors the optimizer state holds (to check that a snapshot saw some)."""
     return sum(isinstance(v, torch.Tensor) for s in optimizer.state.values() for v in s.values())
 
+
+class DeformConv2d(nn.Module):
+    """Stands in for mmcv.ops.DeformConv2d: what the paramwise constructors look for
+    (its class name and module, and a ``conv_offset`` sub-module)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(2, 2, 1, 1))
+        self.bias = nn.Parameter(torch.zeros(2))
+        self.conv_offset = nn.Conv2d(2, 2, 1)
+
+
+DeformConv2d.__module__ = 'mmcv.ops.deform_conv'

@@ -23,6 +23,7 @@ _spec = find_spec('mmengine')
 if _spec is None or _spec.origin is None:  # absent, or only this folder (a namespace package)
     pytest.skip('mmengine is not installed: run .ci/mmengine for this tier',
                 allow_module_level=True)
+import _runner as R  # noqa: E402  (tests/ is on sys.path: see tests/conftest.py)
 import mmengine.optim as mo  # noqa: E402
 from mmengine.optim.optimizer import amp_optimizer_wrapper, default_constructor  # noqa: E402
 
@@ -32,17 +33,7 @@ import fp16utils.mmengine as plugin  # noqa: E402
 LR, WD = 0.01, 1e-4
 
 
-class DeformConv2d(nn.Module):
-    """What mmcv.ops.DeformConv2d looks like to both constructors."""
-
-    def __init__(self):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(2, 2, 1, 1))
-        self.bias = nn.Parameter(torch.zeros(2))
-        self.conv_offset = nn.Conv2d(2, 2, 1)
-
-
-DeformConv2d.__module__ = 'mmcv.ops.deform_conv'
+DeformConv2d = R.DeformConv2d  # what mmcv.ops.DeformConv2d looks like to both
 
 
 @pytest.fixture
