@@ -74,7 +74,8 @@ def test_grad_norm_is_logged_with_the_sample_count(backend):
     runner.run(data, R.mse)
     records = runner.log_buffer.records
     assert len(records) == 3 and all(count == 5 for _, count in records)
-    assert all(set(v) == {'grad_norm'} and v['grad_norm'] > 0.1 for v, _ in records)
+    assert all(set(v) == {'grad_norm', 'loss_scale'} and v['grad_norm'] > 0.1
+               and v['loss_scale'] == 256.0 for v, _ in records)
 
 
 @pytest.mark.parametrize('backend', BACKENDS)
