@@ -578,3 +578,21 @@ def test_readme_beyond_section_examples_run():
     runner = doctest.DocTestRunner(verbose=False)
     runner.run(doctest.DocTestParser().get_doctest('\n'.join(blocks), {}, 'README', None, 0))
     assert runner.failures == 0 and runner.tries >= 10
+
+
+def test_legacy_backend_guard_watches_the_half_model():
+    dtype = _caps.LEGACY_LOW
+    model = Net()
+    wrapper = AmpOptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1), backend='legacy',
+                              model=model, dtype=dtype, loss_scale=dict(init_scale=64.0),
+                              overflow_guard=dict(max_consecutive=1, action='raise'))
+    wrapper.logger = Log()
+    data = R.make_data(2)
+    first = train(wrapper, model, data[0], fault=True)
+    assert first.skipped and wrapper._guard.armed
+    masters = [m.detach().clone() for m in wrapper.master_params]
+    with pytest.raises(FloatingPointError) as info:
+        train(wrapper, model, data[1], fault=True)
+    assert info.value.report.first_module == 'fault'
+    assert all(torch.equal(a, b) for a, b in zip(masters, wrapper.master_params))
+    assert all(not m._forward_hooks for m in model.modules())
