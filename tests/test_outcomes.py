@@ -429,8 +429,9 @@ class HookCounter:
         original = nn.Module.register_forward_hook
 
         def counting(module, *args, **kwargs):
-            self.count += 1
-            return original(module, *args, **kwargs)
+            handle = original(module, *args, **kwargs)
+            self.count += 1  # registered (an old torch refuses with_kwargs first)
+            return handle
 
         monkeypatch.setattr(nn.Module, 'register_forward_hook', counting)
 
