@@ -135,6 +135,7 @@ def test_plain_wrapper_results_under_accumulation_with_a_short_last_window():
     wrapper.initialize_count_status(model, 0, 5)
     data = R.make_data(5)
     results = [train(wrapper, model, b) for b in data]
+    assert type(results[1]._norm) is torch.Tensor  # returned unread: no sync yet
     assert [(r.stepped, r.accumulating) for r in results] == [
         (False, True), (True, False), (False, True), (True, False), (True, False)]
     assert all(r.scale is None and not r.skipped for r in results)
