@@ -112,6 +112,10 @@ class NativeEngine(StepEngine):
         self._follow_scaler()
         return self._scale
 
+    @property
+    def at_scale_floor(self) -> bool:
+        return self.enabled and not self.static and self.loss_scale <= self._min_scale
+
     def _follow_scaler(self) -> None:
         """When somebody else changed the GradScaler, take its state as the truth."""
         scaler = self._scaler
