@@ -105,10 +105,8 @@ def _cast(obj: Any, src: Collection[torch.dtype], dst: torch.dtype,
             f'cast_tensor_type() got containers nested more than {MAX_DEPTH} deep; '
             'nothing was cast. Flatten the input, or cast the inner part separately.')
     walk.open.append(key)
-    try:
-        out = rebuild(obj, src, dst, seen, walk)
-    finally:
-        walk.open.pop()
+    out = rebuild(obj, src, dst, seen, walk)  # on an error the walk is dropped with it
+    walk.open.pop()
     if out is not obj and key in walk.cycles:
         raise ValueError(
             f'cast_tensor_type() got a {type(obj).__name__} that contains itself and '
