@@ -142,6 +142,18 @@ def __getattr__(name: str) -> Any:
     return value
 
 
+#: What the package imports for itself; not part of its API, so not in ``dir()``.
+_OWN_IMPORTS = frozenset({'Any', 'TYPE_CHECKING', 'importlib'})
+
+
 def __dir__() -> list[str]:
-    """The module's names, the public API included before it is imported."""
-    return sorted(set(globals()) | set(__all__))
+    """The module's public names (imported or not yet), submodules and dunders.
+
+    Example:
+        >>> import fp16utils
+        >>> 'auto_fp16' in dir(fp16utils), 'importlib' in dir(fp16utils)
+        (True, False)
+    """
+    names = set(globals()) | set(__all__)
+    return sorted(n for n in names
+                  if n not in _OWN_IMPORTS and (not n.startswith('_') or n.startswith('__')))

@@ -11,14 +11,15 @@ Example:
 from __future__ import annotations
 
 import collections
+import warnings
 from collections import abc
-from typing import Any, Collection, Optional
+from typing import Any, Callable, Collection, Optional
 
 import numpy as np
 import torch
 from torch import nn
 
-__all__ = ['cast_tensor_type']
+__all__ = ['MAX_DEPTH', 'cast_tensor_type']
 
 _Tensor = torch.Tensor
 # Leaves returned unchanged without looking inside (strings and bytes are
@@ -51,8 +52,26 @@ def _convert(tensor: torch.Tensor, dst: torch.dtype) -> torch.Tensor:
     return tensor.to(dst) if method is None else method(tensor)
 
 
+#: How many containers deep :func:`cast_tensor_type` looks before refusing (far
+#: more than any real input; well inside Python's recursion limit).
+MAX_DEPTH = 100
+
+# Container types already warned about: rebuilt from their items, they raised.
+_warned_types: set = set()
+
+
+class _Walk:
+    """The containers open on the current path, for cycle and depth checks."""
+
+    __slots__ = ('open', 'cycles')
+
+    def __init__(self) -> None:
+        self.open: list = []      # id() of each container being walked, outermost first
+        self.cycles: set = set()  # id() of the containers that an inner item refers back to
+
+
 def _cast(obj: Any, src: Collection[torch.dtype], dst: torch.dtype,
-          seen: Optional[list]) -> Any:
+          seen: Optional[list], walk: Optional[_Walk] = None) -> Any:
     """Cast every tensor of dtype in ``src`` inside ``obj`` to ``dst``.
 
     Returns ``obj`` itself when nothing inside it changed. When ``seen`` is
@@ -70,15 +89,53 @@ def _cast(obj: Any, src: Collection[torch.dtype], dst: torch.dtype,
     if isinstance(obj, _ATOMS):
         return obj
     if isinstance(obj, abc.Mapping):
-        return _cast_mapping(obj, src, dst, seen)
-    if isinstance(obj, (abc.Sequence, abc.Set, collections.deque)):
-        return _cast_collection(obj, src, dst, seen)
-    return obj
+        rebuild: Any = _cast_mapping
+    elif isinstance(obj, (abc.Sequence, abc.Set, collections.deque)):
+        rebuild = _cast_collection
+    else:
+        return obj
+    if walk is None:
+        walk = _Walk()
+    key = id(obj)
+    if key in walk.open:  # a container that holds itself: its items are being cast above
+        walk.cycles.add(key)
+        return obj
+    if len(walk.open) >= MAX_DEPTH:
+        raise ValueError(
+            f'cast_tensor_type() got containers nested more than {MAX_DEPTH} deep; '
+            'nothing was cast. Flatten the input, or cast the inner part separately.')
+    walk.open.append(key)
+    out = rebuild(obj, src, dst, seen, walk)  # on an error the walk is dropped with it
+    walk.open.pop()
+    if out is not obj and key in walk.cycles:
+        raise ValueError(
+            f'cast_tensor_type() got a {type(obj).__name__} that contains itself and '
+            'holds tensors to cast; a copy with cast tensors cannot keep the cycle, '
+            'and nothing was cast. Break the cycle, or cast the tensors before '
+            'building it.')
+    return out
+
+
+def _rebuilt(obj: Any, build: Callable[[], Any]) -> Any:
+    """``build()``, or ``obj`` itself (with a warning, once per type) when it raises TypeError."""
+    try:
+        return build()
+    except TypeError as err:
+        cls = type(obj)
+        if cls not in _warned_types:
+            _warned_types.add(cls)
+            warnings.warn(
+                f'cast_tensor_type(): {cls.__module__}.{cls.__qualname__} cannot be '
+                f'rebuilt from its items ({err}), so its tensors are left uncast, as '
+                "mmcv's cast_tensor_type leaves them. Give the class a constructor "
+                'that takes an iterable (a mapping: a dict), or pass a list or dict. '
+                'Warned once per class.', UserWarning, stacklevel=2)
+        return obj
 
 
 def _cast_mapping(obj: abc.Mapping, src: Collection[torch.dtype], dst: torch.dtype,
-                  seen: Optional[list]) -> Any:
-    items = [(k, v, _cast(v, src, dst, seen)) for k, v in obj.items()]
+                  seen: Optional[list], walk: _Walk) -> Any:
+    items = [(k, v, _cast(v, src, dst, seen, walk)) for k, v in obj.items()]
     if all(new is old for _, old, new in items):
         return obj
     pairs = [(k, new) for k, _, new in items]
@@ -86,20 +143,15 @@ def _cast_mapping(obj: abc.Mapping, src: Collection[torch.dtype], dst: torch.dty
         out: Any = type(obj)(obj.default_factory)
         out.update(pairs)
         return out
-    try:
-        # Built from a dict, as mmcv does (MappingProxyType and Mapping classes
-        # that wrap the object they are given need one, not a list of pairs).
-        return type(obj)(dict(pairs))
-    except TypeError:
-        # A mapping type that cannot be built from pairs: keep it as it is
-        # rather than change its type.
-        return obj
+    # Built from a dict, as mmcv does (MappingProxyType and Mapping classes that wrap
+    # the object they are given need one, not a list of pairs).
+    return _rebuilt(obj, lambda: type(obj)(dict(pairs)))
 
 
 def _cast_collection(obj: Any, src: Collection[torch.dtype], dst: torch.dtype,
-                     seen: Optional[list]) -> Any:
+                     seen: Optional[list], walk: _Walk) -> Any:
     old = list(obj)
-    new = [_cast(v, src, dst, seen) for v in old]
+    new = [_cast(v, src, dst, seen, walk) for v in old]
     if all(n is o for n, o in zip(new, old)):
         return obj
     cls = type(obj)
@@ -108,13 +160,17 @@ def _cast_collection(obj: Any, src: Collection[torch.dtype], dst: torch.dtype,
     if cls is tuple:
         return tuple(new)
     if isinstance(obj, tuple) and hasattr(obj, '_fields'):  # namedtuple
-        return cls(*new)
+        return _rebuilt(obj, lambda: cls(*new))
     if isinstance(obj, collections.deque):
-        return cls(new, obj.maxlen)
-    try:
-        return cls(new)
-    except TypeError:
-        return obj
+        return _rebuilt(obj, lambda: cls(new, obj.maxlen))
+    return _rebuilt(obj, lambda: cls(new))
+
+
+def _check_dtype(value: Any, name: str) -> None:
+    if value is not None and not isinstance(value, torch.dtype):
+        raise TypeError(
+            f'cast_tensor_type() takes torch dtypes (or None), got {name}={value!r}; '
+            f'pass e.g. torch.float32 or torch.float16.')
 
 
 def cast_tensor_type(inputs: Any, src_type: Optional[torch.dtype] = None,
@@ -129,6 +185,13 @@ def cast_tensor_type(inputs: Any, src_type: Optional[torch.dtype] = None,
     is returned as is. When nothing needs casting, the very same object comes
     back.
 
+    A container that holds itself (a cycle) comes back as the very same
+    object when nothing inside it needs casting; when something does, it is a
+    ValueError (a copy cannot keep the cycle), as is nesting deeper than
+    :data:`MAX_DEPTH` containers. A container type that cannot be rebuilt from
+    its items (its constructor refuses a list, or a dict for a mapping) comes
+    back uncast, as mmcv's does, with a warning once per class.
+
     Args:
         inputs: Anything: a tensor, a container of tensors, or another object.
         src_type: The dtype to convert from.
@@ -137,12 +200,19 @@ def cast_tensor_type(inputs: Any, src_type: Optional[torch.dtype] = None,
     Returns:
         ``inputs`` with its matching tensors converted.
 
+    Raises:
+        TypeError: ``src_type`` or ``dst_type`` is neither a torch dtype nor None.
+        ValueError: A cycle holding tensors to cast, or nesting deeper than
+            :data:`MAX_DEPTH`; nothing is cast.
+
     Example:
         >>> import torch
         >>> x = (torch.ones(1), torch.ones(1, dtype=torch.int64))
         >>> [t.dtype for t in cast_tensor_type(x, torch.float32, torch.float16)]
         [torch.float16, torch.int64]
     """
+    _check_dtype(src_type, 'src_type')
+    _check_dtype(dst_type, 'dst_type')
     if src_type is None or dst_type is None or src_type == dst_type:
         return inputs
     return _cast(inputs, (src_type,), dst_type, None)

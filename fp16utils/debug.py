@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
+import warnings
 from collections import abc
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
@@ -147,6 +148,9 @@ class OverflowReport:
         checked_params: How many parameter gradients were checked on exit.
         nonfinite_outputs: How many module calls produced a non-finite output.
         nonfinite_grads: How many output gradients were non-finite.
+        unwatched: Names of the TorchScript submodules, which take no hooks:
+            their outputs and output gradients were not checked (their
+            parameters' gradients were).
 
     Example:
         >>> report = OverflowReport()
@@ -163,6 +167,7 @@ class OverflowReport:
         self.checked_params = 0
         self.nonfinite_outputs = 0
         self.nonfinite_grads = 0
+        self.unwatched: List[str] = []
         self._lock = threading.Lock()
 
     @property
@@ -208,6 +213,7 @@ class OverflowReport:
             'checked_params': self.checked_params,
             'nonfinite_outputs': self.nonfinite_outputs,
             'nonfinite_grads': self.nonfinite_grads,
+            'unwatched': list(self.unwatched),
         }
 
     def hints(self) -> List[str]:
@@ -224,6 +230,10 @@ class OverflowReport:
                 f'float16 cannot hold magnitudes above {_FP16_MAX:g}; run {fwd.name!r} '
                 'in float32 (@force_fp32, or torch.autocast(..., enabled=False) around '
                 'it), scale its inputs down, or train in bfloat16.')
+        if self.unwatched:
+            out.append(f'TorchScript modules take no hooks and were not watched '
+                       f'({", ".join(self.unwatched[:5])}): the values may have gone bad '
+                       'inside one of them; run the eager model to find the module.')
         if fwd is None and bwd is not None and bwd.dtype == torch.float16:
             out.append(
                 'gradients overflowed float16 in backward: with a dynamic loss scale '
@@ -231,11 +241,17 @@ class OverflowReport:
                 'lowered); if it happens every step, lower the initial loss scale.')
         return out
 
+    def _unwatched_note(self) -> str:
+        shown = ', '.join(self.unwatched[:5]) + (', ...' if len(self.unwatched) > 5 else '')
+        return f'; {len(self.unwatched)} TorchScript module(s) not watched: {shown}' * bool(
+            self.unwatched)
+
     def __str__(self) -> str:
         if self.ok:
             return (f'find_overflow: no non-finite values found (checked '
                     f'{self.checked_outputs} module outputs, {self.checked_grads} output '
-                    f'gradients, {self.checked_params} parameter gradients)')
+                    f'gradients, {self.checked_params} parameter gradients)'
+                    f'{self._unwatched_note()}')
         first = self.first_module
         title = 'find_overflow: non-finite values found'
         if first is not None:
@@ -257,7 +273,7 @@ class OverflowReport:
             f'non-finite outputs), {self.checked_grads} output gradients '
             f'({self.nonfinite_grads} non-finite), {self.checked_params} parameter '
             f'gradients ({len(self.parameters)} non-finite); only the first module of '
-            'each kind is listed')
+            f'each kind is listed{self._unwatched_note()}')
         lines.extend(f'hint: {h}' for h in self.hints())
         return '\n'.join(lines)
 
@@ -271,8 +287,31 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 def _checkable(t: Any) -> bool:
+    """A float or complex tensor whose values can be read (meta tensors have none)."""
     return (isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex())
-            and t.layout == torch.strided and t.device.type != 'meta')
+            and t.device.type != 'meta')
+
+
+def _values(t: torch.Tensor) -> torch.Tensor:
+    """The stored values of a checkable tensor as a dense tensor that ``isfinite`` takes.
+
+    Sparse tensors give their stored values, nested tensors their components
+    flattened, and 8-bit floats are widened (torch has no ``isfinite`` for them).
+    """
+    values = t.detach()
+    if getattr(values, 'is_nested', False):
+        parts = [part.reshape(-1) for part in values.unbind()]
+        values = torch.cat(parts) if parts else torch.zeros(0, device=t.device)
+    elif values.layout == torch.sparse_coo:
+        values = values.coalesce().values()
+    elif values.layout != torch.strided:
+        try:
+            values = values.values()  # compressed sparse layouts
+        except (RuntimeError, NotImplementedError):
+            values = values.to_dense()
+    if values.is_floating_point() and values.element_size() == 1:
+        values = values.float()
+    return values
 
 
 def _iter_tensors(obj: Any, path: str = '', depth: int = 0
@@ -305,7 +344,7 @@ def _finite_flags(tensors: List[torch.Tensor]) -> List[bool]:
             by_device.setdefault(t.device, []).append(i)
         flags = [True] * len(tensors)
         for idx in by_device.values():
-            stacked = torch.stack([torch.isfinite(tensors[i].detach()).all() for i in idx])
+            stacked = torch.stack([torch.isfinite(_values(tensors[i])).all() for i in idx])
             for i, flag in zip(idx, stacked.tolist()):
                 flags[i] = bool(flag)
     return flags
@@ -313,9 +352,12 @@ def _finite_flags(tensors: List[torch.Tensor]) -> List[bool]:
 
 def _describe_tensor(t: torch.Tensor, **fields: Any) -> NonFiniteRecord:
     """Build the record of a tensor known to hold a non-finite value."""
-    dtype, shape, numel = t.dtype, tuple(t.shape), t.numel()
     with torch.no_grad():
-        values = t.detach()
+        values = _values(t)
+        nested = getattr(t, 'is_nested', False)
+        dtype = t.dtype
+        shape = tuple(values.shape) if nested else tuple(t.shape)
+        numel = values.numel() if nested else t.numel()
         if values.is_complex():  # judged on the real and imaginary parts
             values = torch.view_as_real(values)
         finite = torch.isfinite(values)
@@ -334,16 +376,53 @@ def _describe_tensor(t: torch.Tensor, **fields: Any) -> NonFiniteRecord:
 _Named = Union[torch.Tensor, Tuple[str, torch.Tensor]]
 
 
+def _check_flag(value: Any, owner: str, name: str) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f'{owner}({name}=...) takes True or False, got {value!r}.')
+
+
+def _named_tensors(tensors: Any) -> Iterator[Tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` for every tensor that :func:`nonfinite_summary` is given."""
+    if isinstance(tensors, nn.Module):
+        yield from tensors.named_parameters()
+        return
+    if isinstance(tensors, torch.Tensor):
+        items: Iterable[Any] = [tensors]
+    elif isinstance(tensors, abc.Mapping):
+        items = ((str(key), value) for key, value in tensors.items())
+    elif isinstance(tensors, abc.Iterable) and not isinstance(tensors, (str, bytes)):
+        items = tensors
+    else:
+        raise TypeError(
+            'nonfinite_summary() takes a module, a tensor, a mapping of names to tensors '
+            f'or an iterable of tensors or (name, tensor) pairs; got '
+            f'{type(tensors).__name__}.')
+    for i, item in enumerate(items):
+        if (isinstance(item, tuple) and len(item) == 2
+                and not isinstance(item[0], torch.Tensor)):
+            name, value = str(item[0]), item[1]
+        else:
+            name, value = str(i), item
+        if isinstance(value, torch.Tensor):
+            yield name, value
+        else:  # a container of tensors: named by where they sit in it
+            for path, tensor in _iter_tensors(value):
+                yield f'{name}{path}', tensor
+
+
 def nonfinite_summary(tensors: Union[nn.Module, abc.Mapping, Iterable[_Named]], *,
                       grads: bool = False) -> List[NonFiniteRecord]:
     """Describe the tensors (or their gradients) that hold inf or nan.
 
     Args:
-        tensors: A module (its named parameters are used), a mapping of names
-            to tensors, an iterable of ``(name, tensor)`` pairs such as
-            ``model.named_parameters()``, or an iterable of tensors (named by
-            position, ``'0'``, ``'1'``, ...). Non-tensors and integer tensors
-            are skipped.
+        tensors: A module (its named parameters are used), one tensor, a
+            mapping of names to tensors, an iterable of ``(name, tensor)``
+            pairs such as ``model.named_parameters()``, or an iterable of
+            tensors (named by position, ``'0'``, ``'1'``, ...). Tensors inside
+            nested lists, tuples and dicts are named by their place
+            (``'0[1]'``). Sparse and nested tensors are judged on their stored
+            values. Other objects, integer tensors and meta tensors (which
+            hold no values) are skipped.
         grads: Judge each tensor's ``.grad`` rather than its value (tensors
             without a gradient are skipped).
 
@@ -352,28 +431,24 @@ def nonfinite_summary(tensors: Union[nn.Module, abc.Mapping, Iterable[_Named]], 
         empty when everything is finite. ``kind`` is ``'param-grad'`` (module
         given with ``grads=True``), ``'grad'`` or ``'value'``.
 
+    Raises:
+        TypeError: ``tensors`` is none of the above (None, a number, a
+            string), or ``grads`` is not a bool.
+
     Example:
         >>> import torch
         >>> bad = nonfinite_summary({'a': torch.ones(2), 'b': torch.tensor([float('nan')])})
         >>> [(r.name, r.num_nan) for r in bad]
         [('b', 1)]
     """
+    _check_flag(grads, 'nonfinite_summary', 'grads')
+    kind = 'grad' if grads else 'value'
     if isinstance(tensors, nn.Module):
-        pairs: Iterable[Any] = tensors.named_parameters()
         kind = 'param-grad' if grads else 'value'
-    else:
-        pairs = tensors.items() if isinstance(tensors, abc.Mapping) else tensors
-        kind = 'grad' if grads else 'value'
     named: List[Tuple[str, torch.Tensor]] = []
-    for i, item in enumerate(pairs):
-        if (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)):
-            name, tensor = item
-        else:
-            name, tensor = str(i), item
-        if grads and isinstance(tensor, torch.Tensor):
+    for name, tensor in _named_tensors(tensors):
+        if grads:
             tensor = tensor.grad
-            if tensor is not None and tensor.is_sparse:
-                tensor = tensor.coalesce().values()
         if _checkable(tensor):
             named.append((name, tensor))
     flags = _finite_flags([t for _, t in named])
@@ -448,10 +523,15 @@ class _Watcher:
         return hook
 
     def attach(self, model: nn.Module) -> None:
+        inside_scripted: set = set()
         for qualname, module in model.named_modules():
-            if isinstance(module, torch.jit.ScriptModule):
-                continue  # scripted modules take no Python hooks
             name = qualname or ROOT_NAME
+            if isinstance(module, torch.jit.ScriptModule):
+                # Scripted modules take no Python hooks; their children are scripted too.
+                if id(module) not in inside_scripted:
+                    self.report.unwatched.append(name)
+                    inside_scripted.update(id(m) for m in module.modules())
+                continue
             hook = _bind(self.forward_hook, name)
             try:
                 handle = module.register_forward_hook(hook, with_kwargs=True)
@@ -502,7 +582,9 @@ def find_overflow(model: nn.Module, *, check_grads: bool = True,
         read ``report.first_module``, ``report.ok`` and ``report.to_dict()``.
 
     Raises:
-        TypeError: When ``model`` is not an ``nn.Module``.
+        TypeError: When ``model`` is not an ``nn.Module``, or a flag is not a bool.
+        (A UserWarning, not an error, names the TorchScript submodules: they take
+        no hooks, and ``report.unwatched`` lists them.)
 
     Example:
         >>> import torch
@@ -518,11 +600,19 @@ def find_overflow(model: nn.Module, *, check_grads: bool = True,
             f'find_overflow() watches an nn.Module, got {type(model).__name__}; pass '
             'the model (or the submodule) whose forward and backward you run in the '
             'block.')
+    _check_flag(check_grads, 'find_overflow', 'check_grads')
+    _check_flag(check_outputs, 'find_overflow', 'check_outputs')
     report = OverflowReport()
     watcher = _Watcher(report, check_outputs, check_grads)
     raised = True
     try:
         watcher.attach(model)
+        if report.unwatched:
+            warnings.warn(
+                f'find_overflow() cannot watch TorchScript modules (they take no Python '
+                f'hooks): {", ".join(report.unwatched)}; their outputs and output '
+                'gradients are not checked. Run the eager model to find the module.',
+                UserWarning, stacklevel=3)
         yield report
         raised = False
     finally:

@@ -77,6 +77,7 @@ class _CastPlan:
 
     def __init__(self, func: Callable[..., Any], apply_to: Optional[Iterable[str]],
                  decorator: str) -> None:
+        _check_function(func, decorator)
         try:
             params = list(inspect.signature(func).parameters.values())
         except (TypeError, ValueError) as err:
@@ -97,8 +98,12 @@ class _CastPlan:
         self.all_extra_kwargs = False
         if apply_to is None:
             return
-        if isinstance(apply_to, str):
+        if isinstance(apply_to, str):  # one name (mmcv matched substrings of it)
             apply_to = (apply_to,)
+        if not isinstance(apply_to, Iterable):
+            raise TypeError(
+                f'@{decorator}(apply_to=...) takes a list or tuple of argument names '
+                f'(or None for all); got {apply_to!r} for {func.__qualname__}.')
         wanted = tuple(apply_to)
         for name in wanted:
             if not isinstance(name, str):
@@ -142,6 +147,41 @@ class _CastPlan:
         return args, kwargs
 
 
+def _check_function(func: Any, decorator: str) -> None:
+    """Refuse, when applied, what the decorator cannot run as a method of a module."""
+    kind = type(func)
+    if kind in (staticmethod, classmethod, property):
+        raise TypeError(
+            f'@{decorator} decorates methods that take the module as their first '
+            f'argument, not a {kind.__name__} object (it reads fp16_enabled from that '
+            'argument); decorate a plain method.')
+    if (inspect.iscoroutinefunction(func) or inspect.isgeneratorfunction(func)
+            or inspect.isasyncgenfunction(func)):
+        raise TypeError(
+            f'@{decorator} cannot decorate {getattr(func, "__qualname__", func)}: it is '
+            'a generator or async function, whose body would run after the decorator '
+            'has returned (without the casting context). Decorate a plain method that '
+            'returns the result.')
+
+
+def _check_decorator_args(decorator: str, apply_to: Any, flag_name: str, flag: Any,
+                          supported_types: Any) -> tuple:
+    """Check the decorator's own arguments; return ``supported_types`` as a tuple."""
+    if callable(apply_to) and not isinstance(apply_to, type):
+        raise TypeError(
+            f'@{decorator} was applied without parentheses (it got '
+            f'{getattr(apply_to, "__qualname__", apply_to)!r} as apply_to); write '
+            f'@{decorator}() or @{decorator}(apply_to=(...)).')
+    if not isinstance(flag, (bool, int)) and flag is not None:
+        raise TypeError(f'@{decorator}({flag_name}=...) takes True or False, got {flag!r}.')
+    types = supported_types if isinstance(supported_types, tuple) else (supported_types,)
+    if not types or not all(isinstance(t, type) for t in types):
+        raise TypeError(
+            f'@{decorator}(supported_types=...) takes a class or a tuple of classes, '
+            f'got {supported_types!r}.')
+    return types
+
+
 def _find_device_type(args: tuple, kwargs: dict, seen: Sequence[str]) -> str:
     """Device type of the first cast tensor, else of any tensor argument, else the module."""
     if seen:
@@ -179,6 +219,15 @@ def _cast_positional(args: tuple, src: Collection[torch.dtype], dst: torch.dtype
     return tuple(out), device_type
 
 
+def _owner_dtype(owner: Any) -> torch.dtype:
+    """The low-precision dtype an instance asks for (``fp16_dtype``, else float16)."""
+    value = _instance_attr(owner, 'fp16_dtype', None)
+    try:
+        return _torch.resolve_dtype(value)
+    except ValueError as err:
+        raise ValueError(f'{type(owner).__name__}.fp16_dtype: {err}') from None
+
+
 def _uses_autocast(module: Any) -> bool:
     flag = _instance_attr(module, '_fp16_autocast', None)
     if flag is None:
@@ -189,11 +238,12 @@ def _uses_autocast(module: Any) -> bool:
 def _check_owner(args: tuple, supported_types: tuple, decorator: str,
                  func: Callable[..., Any]) -> None:
     if not args or not isinstance(args[0], supported_types):
-        got = type(args[0]).__name__ if args else 'no arguments'
+        got = (f'{type(args[0]).__name__} as its first argument' if args
+               else 'no arguments')
         names = ', '.join(t.__name__ for t in supported_types)
         raise TypeError(
             f'@{decorator} can only decorate methods of {names}; '
-            f'{func.__qualname__} was called with {got} as its first argument.')
+            f'{func.__qualname__} was called with {got}.')
 
 
 def _switched(func: F, supported_types: tuple, decorator: str,
@@ -218,7 +268,13 @@ def _switched(func: F, supported_types: tuple, decorator: str,
             _check_owner(args, supported_types, decorator, func)
         if enabled is _MISSING:
             enabled = _instance_attr(owner, 'fp16_enabled', False)
-        if not enabled:
+        try:
+            off = not enabled
+        except Exception as err:  # noqa: BLE001 - e.g. a tensor of several values
+            raise TypeError(
+                f'{type(owner).__name__}.fp16_enabled must be True or False, got '
+                f'{enabled!r}, which has no truth value ({err}).') from None
+        if off:
             return func(*args, **kwargs)
         return run(owner, state, args, kwargs)
 
@@ -250,6 +306,10 @@ def auto_fp16(apply_to: Optional[Iterable[str]] = None, out_fp32: bool = False,
 
     Raises:
         ValueError: When ``apply_to`` names an argument the function lacks.
+        TypeError: When an argument has the wrong type (``apply_to`` not names,
+            ``supported_types`` not classes), the decorator is used without
+            parentheses, or it is applied to a staticmethod, classmethod,
+            property, generator or async function.
 
     Example:
         >>> import torch
@@ -264,6 +324,8 @@ def auto_fp16(apply_to: Optional[Iterable[str]] = None, out_fp32: bool = False,
         >>> Net()(torch.ones(1)).dtype
         torch.float32
     """
+    supported_types = _check_decorator_args('auto_fp16', apply_to, 'out_fp32', out_fp32,
+                                            supported_types)
     fixed_dtype = None if dtype is None else _torch.resolve_dtype(dtype)
 
     def decorator(func: F) -> F:
@@ -275,7 +337,7 @@ def auto_fp16(apply_to: Optional[Iterable[str]] = None, out_fp32: bool = False,
             # its __dict__; class attributes, properties and names take the long way.
             low = fixed_dtype or state.get('fp16_dtype')
             if low not in _LOW:
-                low = _torch.resolve_dtype(_instance_attr(owner, 'fp16_dtype', None))
+                low = _owner_dtype(owner)
             if positional and not kwargs:
                 args, device_type = _cast_positional(args, _FLOAT, low)
             else:
@@ -324,6 +386,8 @@ def force_fp32(apply_to: Optional[Iterable[str]] = None, out_fp16: bool = False,
 
     Raises:
         ValueError: At decoration, when ``apply_to`` names a missing argument.
+        TypeError: At decoration, for arguments of the wrong type, or a
+            function it cannot run (see :func:`auto_fp16`).
 
     Example:
         >>> import torch
@@ -336,6 +400,8 @@ def force_fp32(apply_to: Optional[Iterable[str]] = None, out_fp16: bool = False,
         >>> Head().loss(torch.ones(2).half(), torch.zeros(2)).dtype
         torch.float32
     """
+    supported_types = _check_decorator_args('force_fp32', apply_to, 'out_fp16', out_fp16,
+                                            supported_types)
 
     def decorator(func: F) -> F:
         plan = _CastPlan(func, apply_to, 'force_fp32')
@@ -356,7 +422,7 @@ def force_fp32(apply_to: Optional[Iterable[str]] = None, out_fp16: bool = False,
             else:
                 output = func(*args, **kwargs)
             if out_fp16:
-                low = _torch.resolve_dtype(_instance_attr(owner, 'fp16_dtype', None))
+                low = _owner_dtype(owner)
                 output = _cast(output, _FLOAT, low, None)
             return output
 

@@ -257,7 +257,11 @@ def patch_mmcv(dtype: Union[torch.dtype, str, None] = None,
     _patch.dtype, _patch.backend = low, chosen
     if _patch.runner is runner:
         return list(_patch.replaced)
-    originals = _install(runner)
+    try:
+        originals = _install(runner)
+    except BaseException:
+        unpatch_mmcv()  # nothing half-patched: put back what was replaced so far
+        raise
     _patch.runner = runner
     _warn_already_bound(originals)
     return list(_patch.replaced)

@@ -35,10 +35,17 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional
 
-from mmengine.logging import MessageHub, MMLogger
-from mmengine.optim import OptimWrapper as _MMOptimWrapper
-from mmengine.optim import OptimWrapperDict as _MMOptimWrapperDict
-from mmengine.registry import OPTIM_WRAPPER_CONSTRUCTORS, OPTIM_WRAPPERS, OPTIMIZERS
+try:
+    from mmengine.logging import MessageHub, MMLogger
+    from mmengine.optim import OptimWrapper as _MMOptimWrapper
+    from mmengine.optim import OptimWrapperDict as _MMOptimWrapperDict
+    from mmengine.registry import OPTIM_WRAPPER_CONSTRUCTORS, OPTIM_WRAPPERS, OPTIMIZERS
+except ImportError as _err:
+    raise ModuleNotFoundError(
+        f'fp16utils.mmengine is the plug-in for MMEngine and needs mmengine, which is not '
+        f'importable ({_err}). Install it (pip install mmengine), or, without MMEngine, '
+        'use fp16utils.AmpOptimWrapper directly.', name=getattr(_err, 'name', None)
+    ) from _err
 from torch import nn
 
 from ._spec import PLUGIN_NAMES

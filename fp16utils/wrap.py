@@ -78,6 +78,10 @@ def patch_forward_method(func: Callable[..., Any], src_type: torch.dtype,
         The patched forward; it survives ``copy.deepcopy`` and pickling of
         its module.
 
+    Raises:
+        TypeError: ``func`` is not callable, or a dtype is not a floating-point
+            torch dtype.
+
     Example:
         >>> import torch
         >>> from torch import nn
@@ -86,6 +90,13 @@ def patch_forward_method(func: Callable[..., Any], src_type: torch.dtype,
         >>> gn(torch.ones(1, 2, 3).half()).dtype
         torch.float16
     """
+    if not callable(func):
+        raise TypeError(f'patch_forward_method() takes a callable forward, got {func!r}.')
+    for name, value in (('src_type', src_type), ('dst_type', dst_type)):
+        if not (isinstance(value, torch.dtype) and value.is_floating_point):
+            raise TypeError(
+                f'patch_forward_method() takes floating-point torch dtypes, got '
+                f'{name}={value!r}; pass e.g. torch.float16 and torch.float32.')
     return _PatchedForward(func, src_type, dst_type, convert_output)
 
 
@@ -104,6 +115,10 @@ def patch_norm_fp32(module: nn.Module, dtype: Union[torch.dtype, str] = torch.fl
     Returns:
         ``module`` itself.
 
+    Raises:
+        TypeError: ``module`` is not a module, or holds TorchScript modules
+            (their norms cannot be converted); nothing is changed.
+
     Example:
         >>> import torch
         >>> from torch import nn
@@ -111,15 +126,49 @@ def patch_norm_fp32(module: nn.Module, dtype: Union[torch.dtype, str] = torch.fl
         >>> m[0].weight.dtype
         torch.float32
     """
+    if not isinstance(module, nn.Module):
+        raise TypeError(f'patch_norm_fp32() takes an nn.Module, got {type(module).__name__}.')
     low = _torch.resolve_dtype(dtype)
+    _refuse_scripted(module, 'patch_norm_fp32()')
+    _patch_norms(module, low)
+    return module
+
+
+def _norm_names() -> set:
+    """Class names of the norms kept in float32 (what a scripted copy calls itself)."""
+    names, todo = {'GroupNorm'}, [_BatchNorm]
+    while todo:
+        cls = todo.pop()
+        names.add(cls.__name__)
+        todo.extend(cls.__subclasses__())
+    return names
+
+
+def _refuse_scripted(model: nn.Module, what: str) -> None:
+    """A scripted norm cannot go back to float32 nor take a patched forward: refuse."""
+    norms = _norm_names()
+    scripted = next((name or '<root>' for name, m in model.named_modules()
+                     if isinstance(m, torch.jit.ScriptModule)
+                     and getattr(m, 'original_name', None) in norms), None)
+    if scripted is not None:
+        raise TypeError(
+            f'{what} cannot keep the TorchScript norm {scripted!r} in float32 (a '
+            'scripted module takes no patched forward); nothing was changed. Convert '
+            "the model before scripting it, or use backend='native', which only sets "
+            'flags.')
+
+
+def _patch_norms(module: nn.Module, low: torch.dtype) -> None:
     if isinstance(module, (_BatchNorm, nn.GroupNorm)):
         module.float()
-        if isinstance(module, nn.GroupNorm) and not isinstance(
-                module.__dict__.get('forward'), _PatchedForward):
-            module.forward = patch_forward_method(module.forward, low, torch.float32)
+        if isinstance(module, nn.GroupNorm):
+            patched = module.__dict__.get('forward')
+            if isinstance(patched, _PatchedForward):
+                patched.src_type = low  # patched again for another dtype
+            else:
+                module.forward = patch_forward_method(module.forward, low, torch.float32)
     for child in module.children():
-        patch_norm_fp32(child, low)
-    return module
+        _patch_norms(child, low)
 
 
 def wrap_fp16_model(model: nn.Module, dtype: Union[torch.dtype, str, None] = None,
@@ -148,6 +197,8 @@ def wrap_fp16_model(model: nn.Module, dtype: Union[torch.dtype, str, None] = Non
         ValueError: When torch has no ``dtype`` kernels on the model's device
             (the message names the dtype that works), or ``backend='native'``
             cannot run ``dtype`` there.
+        TypeError: ``model`` is not a module, or the legacy backend is asked
+            to convert a model holding TorchScript modules. Nothing is changed.
 
     Example:
         >>> import torch
@@ -168,12 +219,15 @@ def wrap_fp16_model(model: nn.Module, dtype: Union[torch.dtype, str, None] = Non
     backend = _torch.backend_for(backend, 'cpu' if first is None else first.device.type, low,
                                  model)
     if backend == 'legacy':
+        _refuse_scripted(model, "wrap_fp16_model(backend='legacy')")
         model.to(low)
-        patch_norm_fp32(model, low)
+        _patch_norms(model, low)
     for module in model.modules():
         if hasattr(module, 'fp16_enabled'):
-            module.fp16_enabled = True
+            # The flag goes last: a call in another thread meanwhile runs either
+            # in float32 or with the dtype and backend already in place.
             module._fp16_autocast = backend == 'native'
             if dtype is not None or not hasattr(module, 'fp16_dtype'):
                 module.fp16_dtype = low
+            module.fp16_enabled = True
     return model

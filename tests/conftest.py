@@ -69,3 +69,18 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(saved)
+
+
+@pytest.fixture
+def script():
+    """``torch.jit.script`` without the deprecation warning that newer torch gives."""
+    import warnings
+
+    import torch
+
+    def make(module):
+        with warnings.catch_warnings():
+            warnings.simplefilter('ignore', DeprecationWarning)
+            return torch.jit.script(module)
+
+    return make

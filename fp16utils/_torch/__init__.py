@@ -115,8 +115,8 @@ def digit_version(version_str: str, length: int = 4) -> tuple[int, ...]:
         raise ValueError(
             f'digit_version() got {version_str!r}, which is not a PEP 440 version '
             "string; pass something like '2.1.0' or '1.6.0rc1'.") from None
-    if length < 1:
-        raise ValueError(f'digit_version() needs length >= 1, got {length}.')
+    if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+        raise ValueError(f'digit_version() needs an int length >= 1, got {length!r}.')
     release = list(version.release[:length])
     release += [0] * (length - len(release))
     if version.pre is not None:

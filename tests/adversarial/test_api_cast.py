@@ -1,0 +1,249 @@
+"""Adversarial inputs for ``cast_tensor_type``: cycles, deep nesting, odd containers, dtypes.
+
+Each test is one attack: bad input gets one clear exception naming the problem and
+nothing is changed, or the documented result comes back (never a silent wrong one).
+"""
+
+from __future__ import annotations
+
+import copy
+import pickle
+import warnings
+from collections import OrderedDict, namedtuple
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fp16utils import cast_tensor_type
+from fp16utils.cast import MAX_DEPTH
+
+F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
+Pair = namedtuple('Pair', 'a b')
+
+
+def f32(n=2):
+    return torch.ones(n)
+
+
+# --------------------------------------------------------------------------- cycles
+
+
+def test_list_holding_itself_with_tensors_to_cast_is_a_clear_error_and_unchanged():
+    inp = [f32()]
+    inp.append(inp)
+    with pytest.raises(ValueError, match='contains itself'):
+        cast_tensor_type(inp, F32, F16)
+    assert inp[0].dtype == F32 and inp[1] is inp
+
+
+def test_dict_holding_itself_with_tensors_to_cast_is_a_clear_error():
+    inp = {'x': f32()}
+    inp['self'] = inp
+    with pytest.raises(ValueError, match='dict that contains itself'):
+        cast_tensor_type(inp, F32, F16)
+    assert inp['x'].dtype == F32
+
+
+def test_indirect_cycle_through_two_containers_is_an_error():
+    a, b = [f32()], {'n': 1}
+    a.append(b)
+    b['back'] = a
+    with pytest.raises(ValueError, match='contains itself'):
+        cast_tensor_type((a,), F32, F16)
+    assert a[0].dtype == F32
+
+
+def test_cycle_with_nothing_to_cast_comes_back_as_the_same_object():
+    inp = [torch.arange(2), 'x']
+    inp.append(inp)
+    assert cast_tensor_type(inp, F32, F16) is inp
+    assert inp[2] is inp
+
+
+def test_cycle_beside_a_castable_sibling_outside_it_casts_the_sibling():
+    loop = [torch.arange(2)]
+    loop.append(loop)
+    out = cast_tensor_type({'x': f32(), 'loop': loop}, F32, F16)
+    assert out['x'].dtype == F16
+    assert out['loop'] is loop  # the cycle had nothing to cast: kept as it is
+
+
+def test_the_same_container_twice_is_not_a_cycle():
+    shared = [f32()]
+    out = cast_tensor_type([shared, shared], F32, F16)
+    assert [t.dtype for part in out for t in part] == [F16, F16]
+    assert shared[0].dtype == F32
+
+
+# --------------------------------------------------------------------------- depth
+
+
+def _nest(leaf, depth):
+    for _ in range(depth):
+        leaf = [leaf]
+    return leaf
+
+
+def test_nesting_at_the_limit_is_cast():
+    out = cast_tensor_type(_nest(f32(), MAX_DEPTH), F32, F16)
+    for _ in range(MAX_DEPTH):
+        out = out[0]
+    assert out.dtype == F16
+
+
+@pytest.mark.parametrize('depth', [MAX_DEPTH + 1, 5000])
+def test_nesting_past_the_limit_is_a_clear_error_not_a_recursion_error(depth):
+    inp = _nest(f32(), depth)
+    with pytest.raises(ValueError, match=f'nested more than {MAX_DEPTH} deep'):
+        cast_tensor_type(inp, F32, F16)
+
+
+# --------------------------------------------------------------------------- odd containers
+
+
+class TwoArgs(list):
+    """A list subclass whose constructor cannot take the list of its items."""
+
+    def __init__(self, a, b):
+        super().__init__([a, b])
+
+
+class Frozen(dict):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+
+
+def test_unrebuildable_container_comes_back_uncast_with_one_warning():
+    from fp16utils import cast
+
+    cast._warned_types.discard(TwoArgs)
+    inp = TwoArgs(f32(), 2)
+    with pytest.warns(UserWarning, match='TwoArgs cannot be rebuilt from its items'):
+        out = cast_tensor_type(inp, F32, F16)
+    assert out is inp and inp[0].dtype == F32
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')  # warned once per class
+        assert cast_tensor_type(TwoArgs(f32(), 3), F32, F16)[0].dtype == F32
+
+
+def test_mapping_rebuilt_from_a_dict_when_its_constructor_takes_keywords_only():
+    from fp16utils import cast
+
+    cast._warned_types.discard(Frozen)
+    inp = Frozen(x=f32())
+    with pytest.warns(UserWarning, match='Frozen cannot be rebuilt'):
+        out = cast_tensor_type(inp, F32, F16)
+    assert out is inp and inp['x'].dtype == F32
+
+
+def test_unrebuildable_inner_container_leaves_its_parent_identical():
+    from fp16utils import cast
+
+    cast._warned_types.discard(TwoArgs)
+    inner = TwoArgs(f32(), 1)
+    inp = {'inner': inner, 'n': 3}
+    with pytest.warns(UserWarning):
+        assert cast_tensor_type(inp, F32, F16) is inp
+
+
+def test_namedtuple_ordered_dict_and_torch_size_keep_their_types():
+    size = torch.Size([2, 3])
+    out = cast_tensor_type(OrderedDict(p=Pair(f32(), size)), F32, BF16)
+    assert type(out) is OrderedDict and type(out['p']) is Pair
+    assert out['p'].a.dtype == BF16 and out['p'].b is size
+
+
+# --------------------------------------------------------------------------- dtypes
+
+
+@pytest.mark.parametrize(('src', 'dst', 'bad'), [
+    ('float32', F16, 'src_type'),
+    (F32, 'float16', 'dst_type'),
+    (F32, float, 'dst_type'),
+    (1, F16, 'src_type'),
+])
+def test_dtype_that_is_not_a_torch_dtype_is_a_type_error(src, dst, bad):
+    x = f32()
+    with pytest.raises(TypeError, match=f'got {bad}='):
+        cast_tensor_type([x], src, dst)
+    assert x.dtype == F32
+
+
+def test_none_dtypes_return_the_input_as_mmcv_does():
+    inp = [f32()]
+    assert cast_tensor_type(inp, None, F16) is inp
+    assert cast_tensor_type(5, None, None) == 5
+
+
+def test_non_float_destination_is_a_plain_cast():
+    out = cast_tensor_type([torch.tensor([1.7])], F32, torch.int64)
+    assert out[0].dtype == torch.int64 and out[0].item() == 1
+
+
+# --------------------------------------------------------------------------- copies
+
+
+def test_result_survives_deepcopy_and_pickle():
+    out = cast_tensor_type({'p': Pair(f32(), 'x')}, F32, F16)
+    for copied in (copy.deepcopy(out), pickle.loads(pickle.dumps(out))):
+        assert type(copied['p']) is Pair and copied['p'].a.dtype == F16
+
+
+# --------------------------------------------------------------------------- properties
+
+PROPERTY = settings(max_examples=60, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow])
+
+leaves = st.one_of(
+    st.sampled_from([F32, F16, torch.int64]).map(lambda d: torch.ones(2, dtype=d)),
+    st.integers(-3, 3), st.text(max_size=2), st.none())
+trees = st.recursive(
+    leaves,
+    lambda children: st.one_of(
+        st.lists(children, min_size=1, max_size=3),
+        st.dictionaries(st.text(max_size=2), children, min_size=1, max_size=3)),
+    max_leaves=10)
+
+
+def _containers(obj, found, path=()):
+    """``(container, its ancestors and itself)`` for every list and dict in ``obj``."""
+    if isinstance(obj, (list, dict)):
+        path = (*path, obj)
+        found.append((obj, path))
+        for value in (obj.values() if isinstance(obj, dict) else obj):
+            _containers(value, found, path)
+    return found
+
+
+def _dtypes(obj, seen=None):
+    seen = set() if seen is None else seen
+    if isinstance(obj, torch.Tensor):
+        return [obj.dtype]
+    if isinstance(obj, (list, dict)) and id(obj) not in seen:
+        seen.add(id(obj))
+        values = obj.values() if isinstance(obj, dict) else obj
+        return [d for v in values for d in _dtypes(v, seen)]
+    return []
+
+
+@PROPERTY
+@given(st.lists(trees, min_size=1, max_size=3), st.data())
+def test_property_a_cycle_is_kept_or_refused_never_half_cast(root, data):
+    containers = _containers(root, [])
+    holder, path = data.draw(st.sampled_from(containers))
+    target = data.draw(st.sampled_from(path))  # the holder itself or one it sits in
+    if isinstance(holder, dict):
+        holder['loop'] = target
+    else:
+        holder.append(target)
+    before = _dtypes(root)
+    if F32 in _dtypes(target):  # the cycle itself holds something to cast
+        with pytest.raises(ValueError, match='contains itself'):
+            cast_tensor_type(root, F32, F16)
+    else:
+        out = cast_tensor_type(root, F32, F16)
+        assert (out is root) == (F32 not in before)
+        assert F32 not in _dtypes(out) and len(_dtypes(out)) == len(before)
+    assert _dtypes(root) == before  # the input itself never changes
