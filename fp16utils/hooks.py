@@ -69,6 +69,7 @@ from .engine import (
     NativeEngine,
     ResumeState,
     StepEngine,
+    check_tensors,
     flat_params,
     pending_grads,
 )
@@ -231,6 +232,36 @@ class _RunnerHook:
     after_val_iter = _calls('after_iter')
 
 
+def _fp16_meta(runner: Any, owner: str) -> Any:
+    """``runner.meta['fp16']`` (a dict, or an empty one when absent); raise when malformed."""
+    meta = runner.meta
+    if meta is not None and not isinstance(meta, Mapping):
+        raise TypeError(f'{owner}: runner.meta must be a dict or None, got '
+                        f'{type(meta).__name__} {meta!r}.')
+    fp16_meta = (meta or {}).get('fp16')
+    if fp16_meta is not None and not isinstance(fp16_meta, Mapping):
+        raise TypeError(f"{owner}: runner.meta['fp16'] must be a dict (the loss scaler "
+                        f'state and the statistics), got {type(fp16_meta).__name__} '
+                        f'{fp16_meta!r}.')
+    return fp16_meta or {}
+
+
+def _resume_state(fp16_meta: Mapping[str, Any], step: int, owner: str) -> ResumeState:
+    """What ``runner.meta['fp16']`` holds; the pending window only when it is for ``step``."""
+    pending = fp16_meta.get('pending_window')
+    grads = None
+    if pending is not None:
+        it = pending.get('iter') if isinstance(pending, Mapping) else None
+        if not (isinstance(it, int) and not isinstance(it, bool) and it >= 0) or (
+                'grads' not in pending):
+            raise ValueError(f"{owner}: runner.meta['fp16']['pending_window'] must be a dict "
+                             f"{{'iter': an int >= 0, 'grads': a list}}, got {pending!r}.")
+        if it == step:
+            grads = pending['grads']
+    return ResumeState(fp16_meta.get('loss_scaler'), fp16_meta.get('stats'),
+                       fp16_meta.get('master_params'), grads)
+
+
 class Fp16OptimizerHook(_RunnerHook):
     """mmcv's ``Fp16OptimizerHook``: fp16 backward, scaling, clipping and the update.
 
@@ -330,29 +361,25 @@ class Fp16OptimizerHook(_RunnerHook):
         optimizer = runner.optimizer
         model = runner.model
         engine = self._engine
+        step = int(getattr(runner, 'iter', 0) or 0)
+        fp16_meta = _fp16_meta(runner, owner)
+        resume = _resume_state(fp16_meta, step, owner)
+        backend, spec = self.backend, self._spec
         if engine is None or optimizer is not self._optimizer:
             # Now that the device is known: legacy where native cannot run the dtype there.
-            first = flat_params(optimizer)[:1]
+            params = flat_params(optimizer)
             backend = _torch.backend_for(self._backend_arg,
-                                         first[0].device.type if first else 'cpu', self.dtype,
+                                         params[0].device.type if params else 'cpu', self.dtype,
                                          model)
             if backend != self.backend:
-                self.backend = backend
-                self._spec = parse_loss_scale(self._loss_scale_arg, owner, MMCV_DYNAMIC
-                                              if backend == 'legacy' else TORCH_DYNAMIC)
-        if engine is not None and optimizer is self._optimizer:
-            pass  # a second run with the same optimizer: already prepared
-        elif self.backend == 'legacy':
-            engine = LegacyEngine(optimizer, self._spec, self.dtype, owner, self.nonfinite,
-                                  self._clip)
-            if self.distributed:
-                engine.reduce = self._reduce
-            wrap_fp16_model(model, self.dtype, backend='legacy')
-        else:
-            wrap_fp16_model(model, self.dtype, backend='native')
-            first = optimizer.param_groups[0]['params'][0]
-            engine = NativeEngine(self._spec, self.dtype, lambda: first.device.type,
-                                  self.nonfinite, self._clip)
+                spec = parse_loss_scale(self._loss_scale_arg, owner, MMCV_DYNAMIC
+                                        if backend == 'legacy' else TORCH_DYNAMIC)
+            # All checked before the model is converted or the optimizer re-pointed.
+            StepEngine().prepare_resume(resume._replace(masters=None), step, owner, params)
+            if resume.masters is not None and backend == 'legacy':
+                check_tensors(resume.masters, params, 'master weights', owner, False)
+            engine = self._make_engine(optimizer, model, backend, spec, params, owner)
+        self.backend, self._spec = backend, spec
         if self.backend == 'native':
             engine.clip_params = list(model.parameters())  # as mmcv clips the model's
         run_logger = getattr(runner, 'logger', None)
@@ -361,8 +388,6 @@ class Fp16OptimizerHook(_RunnerHook):
         self._optimizer = optimizer
         held = {id(p) for p in flat_params(optimizer)}
         self._model_only = [p for p in model.parameters() if id(p) not in held]
-        fp16_meta = (runner.meta or {}).get('fp16') or {}
-        step = int(getattr(runner, 'iter', 0) or 0)
         if step and engine.enabled and not self._spec.static and not fp16_meta.get('loss_scaler'):
             engine.logger.warning(
                 '%s: the run starts at iteration %d but runner.meta holds no loss-scaler '
@@ -370,18 +395,26 @@ class Fp16OptimizerHook(_RunnerHook):
                 'IterBasedRunner.resume does not restore runner.meta: call '
                 'fp16utils.patch_mmcv() first, or start with `fp16utils run`.)',
                 owner, step, engine.loss_scale)
-        pending = fp16_meta.get('pending_window')
-        grads = None
-        if pending is not None and int(pending['iter']) == step:
-            grads = list(pending['grads'])
-        engine.resume(ResumeState(fp16_meta.get('loss_scaler'), fp16_meta.get('stats'),
-                                  fp16_meta.get('master_params'), grads),
-                      step, owner, engine.grad_params(optimizer))
-        self._restored_iter = None if grads is None else step
+        engine.resume(resume, step, owner, engine.grad_params(optimizer))
+        self._restored_iter = None if resume.pending is None else step
         # Restored: the tensors leave runner.meta until the next update saves them again,
         # since mmcv's TextLoggerHook writes runner.meta to its JSON log in before_run.
         fp16_meta.pop('master_params', None)
         fp16_meta.pop('pending_window', None)
+
+    def _make_engine(self, optimizer: Any, model: nn.Module, backend: str, spec: Any,
+                     params: List[Any], owner: str) -> StepEngine:
+        """The engine for ``backend``; the model is converted once the engine is made."""
+        if backend == 'legacy':
+            legacy = LegacyEngine(optimizer, spec, self.dtype, owner, self.nonfinite, self._clip)
+            if self.distributed:
+                legacy.reduce = self._reduce
+            wrap_fp16_model(model, self.dtype, backend='legacy')
+            return legacy
+        wrap_fp16_model(model, self.dtype, backend='native')
+        first = params[:1]
+        return NativeEngine(spec, self.dtype, lambda: first[0].device.type if first else 'cpu',
+                            self.nonfinite, self._clip)
 
     def _grad_params(self) -> List[Any]:
         """The tensors whose ``.grad`` accumulates over a window."""

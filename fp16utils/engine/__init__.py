@@ -29,9 +29,16 @@ Example:
 """
 
 from .base import ResumeState, StepEngine, flat_params, pending_grads
+from .checks import (
+    check_optimizer_state,
+    check_tensors,
+    load_optimizer_state,
+    snapshot_optimizer,
+)
 from .legacy import LegacyEngine
 from .native import NativeEngine
 from .window import AccumulationWindow
 
 __all__ = ['AccumulationWindow', 'LegacyEngine', 'NativeEngine', 'ResumeState', 'StepEngine',
-           'flat_params', 'pending_grads']
+           'check_optimizer_state', 'check_tensors', 'flat_params', 'load_optimizer_state',
+           'pending_grads', 'snapshot_optimizer']
