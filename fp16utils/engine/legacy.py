@@ -65,6 +65,12 @@ class LegacyEngine(StepEngine):
                 f'{owner}: the legacy backend needs an optimizer built on the float32 '
                 f'model, but it holds {bad} parameters; build the optimizer before the '
                 'model is converted to half, and let the wrapper convert it.')
+        if any(p.is_meta for p in originals):
+            raise ValueError(
+                f'{owner}: the optimizer holds parameters on the meta device (no data), and '
+                'the legacy backend copies them into float32 master weights now; materialise '
+                'the model first (model.to_empty(device=...) and initialise it), then build '
+                'the optimizer and the wrapper.')
         if len({id(p) for p in originals}) != len(originals):
             raise ValueError(f'{owner}: a parameter appears twice in the optimizer\'s '
                              'param_groups; give each parameter to one group only.')
@@ -171,13 +177,22 @@ class LegacyEngine(StepEngine):
                 torch._foreach_zero_(grads)
 
     def copy_grads_to_masters(self) -> List[_Tensor]:
-        """Copy the model's gradients into the masters' (float32); return those."""
+        """Copy the model's gradients into the masters' (float32); return those.
+
+        A sparse gradient (``nn.Embedding(sparse=True)``) becomes a float32
+        sparse master gradient; its values tensor is returned.
+        """
         src: List[_Tensor] = []
         dst: List[_Tensor] = []
+        sparse: List[_Tensor] = []
         for p, m in zip(self.model_params, self._masters):
             grad = p.grad
             if grad is None:
                 m.grad = None
+                continue
+            if grad.is_sparse:
+                m.grad = grad.to(torch.float32, copy=True)
+                sparse.append(m.grad._values())
                 continue
             mgrad = m.grad
             if mgrad is None:
@@ -186,7 +201,7 @@ class LegacyEngine(StepEngine):
             dst.append(mgrad)
         if dst:
             _torch.foreach_copy_(dst, src)
-        return dst
+        return dst + sparse if sparse else dst
 
     def copy_masters_to_model(self) -> None:
         """Copy the float32 masters into the (half) model's parameters."""
