@@ -246,6 +246,16 @@ def _fp16_meta(runner: Any, owner: str) -> Any:
     return fp16_meta or {}
 
 
+def _fp16_slot(runner: Any) -> Any:
+    """``runner.meta['fp16']``, made (with ``runner.meta``) where it is None or absent."""
+    if runner.meta is None:
+        runner.meta = {}
+    slot = runner.meta.get('fp16')
+    if slot is None:
+        slot = runner.meta['fp16'] = {}
+    return slot
+
+
 def _resume_state(fp16_meta: Mapping[str, Any], step: int, owner: str) -> ResumeState:
     """What ``runner.meta['fp16']`` holds; the pending window only when it is for ``step``."""
     pending = fp16_meta.get('pending_window')
@@ -446,9 +456,7 @@ class Fp16OptimizerHook(_RunnerHook):
                 outputs = getattr(runner, 'outputs', None) or {}
                 log_buffer.update({'grad_norm': float(engine.grad_norm)},
                                   outputs.get('num_samples', 1))
-        if runner.meta is None:
-            runner.meta = {}
-        runner.meta.setdefault('fp16', {}).update(engine.checkpoint())
+        _fp16_slot(runner).update(engine.checkpoint())
 
     def _require_engine(self, runner: Any) -> StepEngine:
         engine = self._engine
@@ -531,13 +539,11 @@ class GradientCumulativeFp16OptimizerHook(Fp16OptimizerHook):
             self._update(runner)
             self._zero_grad(runner)
             if runner.meta:
-                runner.meta.get('fp16', {}).pop('pending_window', None)
+                _fp16_slot(runner).pop('pending_window', None)
         else:
             # A checkpoint saved now keeps the window's gradients (references: the
             # checkpoint hook serialises them after this hook has run).
-            if runner.meta is None:
-                runner.meta = {}
-            runner.meta.setdefault('fp16', {})['pending_window'] = {
+            _fp16_slot(runner)['pending_window'] = {
                 'iter': it + 1, 'grads': pending_grads(self._grad_params(), copy=False)}
 
     def __repr__(self) -> str:
