@@ -35,6 +35,16 @@ def _model_state(model):
                  'flags': [getattr(m, 'fp16_enabled', None) for m in model.modules()]})
 
 
+def _assert_refused(model, cfg, exc, match):
+    """Building ``cfg`` raises ``exc``; the model and the config are unchanged."""
+    frozen_cfg = copy.deepcopy(cfg)
+    before = _model_state(model)
+    with pytest.raises(exc, match=match):
+        build_optim_wrapper(model, cfg)
+    assert_same(before, _model_state(model))
+    assert cfg == frozen_cfg
+
+
 # A later entry that fails only when its wrapper is made (its config reads well).
 LATE_ERRORS = [
     ('nonfinite-bogus', _legacy(nonfinite='bogus'), ValueError, 'nonfinite'),
@@ -49,14 +59,8 @@ LATE_ERRORS = [
 def test_a_later_entry_failing_converts_no_sub_model(case, entry, exc, match):
     require_f16('legacy')
     model = _gan()
-    cfg = dict(constructor='MultiOptimWrapperConstructor', generator=_legacy(),
-               discriminator=entry)
-    frozen_cfg = copy.deepcopy(cfg)
-    before = _model_state(model)
-    with pytest.raises(exc, match=match):
-        build_optim_wrapper(model, cfg)
-    assert_same(before, _model_state(model))
-    assert cfg == frozen_cfg
+    _assert_refused(model, dict(constructor='MultiOptimWrapperConstructor',
+                                generator=_legacy(), discriminator=entry), exc, match)
 
 
 def test_a_later_entry_on_a_half_sub_model_converts_no_other():
@@ -139,13 +143,7 @@ BAD_CFGS = [
 
 @pytest.mark.parametrize(('case', 'cfg', 'exc', 'match'), BAD_CFGS, ids=[c[0] for c in BAD_CFGS])
 def test_a_bad_config_is_refused_and_changes_nothing(case, cfg, exc, match):
-    model = _gan()
-    frozen_cfg = copy.deepcopy(cfg)
-    before = _model_state(model)
-    with pytest.raises(exc, match=match):
-        build_optim_wrapper(model, cfg)
-    assert_same(before, _model_state(model))
-    assert cfg == frozen_cfg
+    _assert_refused(_gan(), cfg, exc, match)
 
 
 @pytest.mark.parametrize('model', [None, 'model', [nn.Linear(1, 1)]])

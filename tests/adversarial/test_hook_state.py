@@ -39,6 +39,15 @@ def _snap(hook, runner):
     })
 
 
+def _assert_refused(hook, runner, call, exc, match):
+    """``call(runner)`` raises ``exc`` (its message holds ``match``); nothing changed."""
+    before = _snap(hook, runner)
+    with pytest.raises(exc) as info:
+        call(runner)
+    assert match in str(info.value)
+    assert_same(before, _snap(hook, runner))
+
+
 def _pending(runner, **changes):
     grads = [torch.zeros_like(p) for p in runner.model.parameters()]
     return {'iter': 0, 'grads': grads, **changes}
@@ -94,11 +103,7 @@ BAD_META = [
 def test_a_refused_before_run_changes_nothing(backend, case, meta, exc, match):
     hook, runner = _runner(backend, None)
     runner.meta = meta(runner)
-    before = _snap(hook, runner)
-    with pytest.raises(exc) as info:
-        hook.before_run(runner)
-    assert match in str(info.value)
-    assert_same(before, _snap(hook, runner))
+    _assert_refused(hook, runner, hook.before_run, exc, match)
     assert all(p.dtype == torch.float32 for p in runner.model.parameters())
     runner.meta = {}
     hook.before_run(runner)  # still usable
@@ -112,10 +117,7 @@ def test_bad_legacy_masters_in_meta_are_refused_before_the_model_is_converted(ca
     bad = {'one-short': masters[:-1], 'wrong-shape': [torch.ones(2)] + masters[1:],
            'int': [masters[0].int()] + masters[1:], 'a-str': 'm'}[case]
     runner.meta = {'fp16': {'master_params': bad}}
-    before = _snap(hook, runner)
-    with pytest.raises(ValueError, match='master weights'):
-        hook.before_run(runner)
-    assert_same(before, _snap(hook, runner))
+    _assert_refused(hook, runner, hook.before_run, ValueError, 'master weights')
 
 
 @pytest.mark.parametrize('backend', BACKENDS)
@@ -124,11 +126,8 @@ def test_a_refused_resume_on_a_prepared_hook_changes_nothing(backend):
     hook, runner = _runner(backend, {})
     runner.run(data, R.mse, until=2)
     good = deep(runner.meta)
-    before = _snap(hook, runner)
     runner.meta = {'fp16': {**good['fp16'], 'loss_scaler': {**TORCH_STATE, 'scale': INF}}}
-    with pytest.raises(ValueError, match='scale=inf'):
-        hook.before_run(runner)
-    assert_same(before, _snap(hook, runner))
+    _assert_refused(hook, runner, hook.before_run, ValueError, 'scale=inf')
     runner.meta = good
     hook.before_run(runner)
 
@@ -137,10 +136,7 @@ def test_a_refused_resume_on_a_prepared_hook_changes_nothing(backend):
 def test_after_train_iter_before_before_run_is_a_clear_error(backend):
     hook, runner = _runner(backend, {})
     runner.outputs = {'loss': R.mse(runner.model, R.make_data(1)[0])}
-    before = _snap(hook, runner)
-    with pytest.raises(RuntimeError, match='before_run'):
-        hook.after_train_iter(runner)
-    assert_same(before, _snap(hook, runner))
+    _assert_refused(hook, runner, hook.after_train_iter, RuntimeError, 'before_run')
 
 
 @pytest.mark.parametrize('backend', BACKENDS)
