@@ -9,7 +9,17 @@ from __future__ import annotations
 import _runner as R
 import pytest
 import torch
-from _state_helpers import INF, MMCV_STATE, NAN, TORCH_STATE, assert_same, deep, require_f16
+from _state_helpers import (
+    INF,
+    MMCV_STATE,
+    NAN,
+    TORCH_STATE,
+    assert_same,
+    deep,
+    require_f16,
+    require_weights_only,
+    weights_only_roundtrip,
+)
 
 from fp16utils import Fp16OptimizerHook, GradientCumulativeFp16OptimizerHook
 
@@ -181,14 +191,10 @@ def test_the_hooks_refuse_a_bad_loss_scale(cls, loss_scale):
 
 @pytest.mark.parametrize('backend', BACKENDS)
 def test_a_hook_checkpoint_round_trips_with_weights_only(backend):
-    import io
-
+    require_weights_only()
     hook, runner = _runner(backend, {}, cumulative=True)
     runner.run(R.make_data(3), R.mse, until=3)  # mid-window: pending gradients saved
-    buf = io.BytesIO()
-    torch.save(runner.meta, buf)
-    buf.seek(0)
-    meta = torch.load(buf, weights_only=True)
+    meta = weights_only_roundtrip(runner.meta)
     twin, twin_runner = _runner(backend, meta, iter_=3, cumulative=True)
     twin_runner.model.load_state_dict(runner.model.state_dict())
     twin.before_run(twin_runner)

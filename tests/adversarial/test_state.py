@@ -190,6 +190,7 @@ def test_mutations_start_from_a_state_that_loads_and_restores_exactly():
 
 @pytest.mark.parametrize('backend', BACKENDS)
 def test_an_mmcv_state_loads(backend):
+    require_f16(backend)
     wrapper, _ = trained(backend)
     wrapper.load_state_dict({**wrapper.state_dict(), 'loss_scaler': dict(MMCV_STATE)})
     assert wrapper.loss_scale == 1024.0
@@ -235,9 +236,8 @@ def test_load_state_dict_takes_a_dict():
 @pytest.mark.parametrize('backend', BACKENDS)
 def test_a_state_from_another_model_is_refused(backend):
     wrapper, model = trained(backend)
-    require_f16(backend)
     other_model = torch.nn.Sequential(torch.nn.Linear(8, 3), torch.nn.Linear(3, 4))
-    other = AmpOptimWrapper(torch.optim.Adam(other_model.parameters()), dtype='float16',
+    other = AmpOptimWrapper(torch.optim.Adam(other_model.parameters()), dtype=wrapper.dtype,
                             backend=backend, model=other_model)
     before = snap(wrapper, model)
     with pytest.raises(ValueError, match='param groups'):
