@@ -25,6 +25,7 @@ __all__ = ['check_optimizer_state', 'check_tensors', 'load_optimizer_state',
            'snapshot_optimizer']
 
 _Tensor = torch.Tensor
+_TORCH_LOAD = torch.optim.Optimizer.load_state_dict
 
 
 def _same_setup(owner: str) -> str:
@@ -37,8 +38,10 @@ def check_optimizer_state(optimizer: Any, state: Any, owner: str) -> None:
     Checked: ``state`` is a dict with ``'state'`` (a dict) and
     ``'param_groups'`` (a list of dicts with a ``'params'`` list); the number
     of groups and of parameters per group match; every key of ``'state'`` is
-    a parameter index of the groups and its value a dict. An object that is
-    not a torch optimizer is not checked (its own ``load_state_dict`` decides).
+    a parameter index of the groups and its value a dict. Only optimizers that
+    load with torch's own ``Optimizer.load_state_dict`` are checked: another
+    (a stand-in, ``ZeroRedundancyOptimizer``, ...) has its own format, and its
+    own ``load_state_dict`` decides (rolled back when it raises).
 
     Args:
         optimizer: What the state is loaded into.
@@ -50,7 +53,7 @@ def check_optimizer_state(optimizer: Any, state: Any, owner: str) -> None:
         >>> optimizer = torch.optim.SGD([p], lr=0.1)
         >>> check_optimizer_state(optimizer, optimizer.state_dict(), 'example')
     """
-    if not isinstance(optimizer, torch.optim.Optimizer):
+    if getattr(type(optimizer), 'load_state_dict', None) is not _TORCH_LOAD:
         return
     where = _same_setup(owner)
     hint = 'load a state saved from the same model and optimizer configuration.'
