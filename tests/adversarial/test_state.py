@@ -754,4 +754,4 @@ def test_a_load_inside_the_optim_context_then_a_step():
         wrapper.load_state_dict(state)
     wrapper.update_params(loss)  # completes the restored window
     assert wrapper.inner_count == state['pending_window']['inner_count'] + 1
-    assert all(p.grad is None for p in model.parameters())
+    assert all(p.grad is None or not p.grad.any() for p in model.parameters())  # stepped
