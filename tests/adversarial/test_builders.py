@@ -10,7 +10,7 @@ import copy
 
 import pytest
 import torch
-from _state_helpers import INF, assert_same, deep, require_f16
+from _state_attacks import INF, assert_same, deep, require_f16
 from torch import nn
 
 from fp16utils import build_optim_wrapper

@@ -9,7 +9,7 @@ from __future__ import annotations
 import _runner as R
 import pytest
 import torch
-from _state_helpers import (
+from _state_attacks import (
     INF,
     MMCV_STATE,
     NAN,

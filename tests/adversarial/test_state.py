@@ -13,7 +13,7 @@ import copy
 import _caps
 import pytest
 import torch
-from _state_helpers import (
+from _state_attacks import (
     INF,
     MMCV_STATE,
     NAN,

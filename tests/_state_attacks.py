@@ -1,4 +1,4 @@
-"""Helpers for the adversarial state tests: trained wrappers, deep snapshots, bad states."""
+"""Helpers for tests/adversarial: trained wrappers, deep snapshots, bad states."""
 
 from __future__ import annotations
 
