@@ -9,7 +9,10 @@ For a small conv net and a small MLP, each variant trains on the same data:
 - ``Fp16OptimizerHook``: the 0.x style (``@auto_fp16`` forward, the hook's
   ``after_train_iter`` driven by a minimal runner);
 - ``legacy (half + fp32 masters)``: ``AmpOptimWrapper(backend='legacy')``, a
-  half model with float32 master weights.
+  half model with float32 master weights;
+- ``AmpOptimWrapper + overflow_guard, StepResult read``: the 1.x style with the
+  overflow guard on and the returned :class:`~fp16utils.StepResult` read each step
+  (what step outcomes and the guard cost on clean steps).
 
 All variants run in one process, interleaved over several repeats; the table
 shows the median steps/s and the time per step relative to the hand-written
@@ -211,6 +214,34 @@ VARIANTS: Dict[str, Callable[..., Step]] = {
     'legacy (half + fp32 masters)': legacy_loop,
 }
 BASELINE = 'amp (hand-written)'
+
+
+# ------------------------------------------------------------------------ outcomes and guard
+
+
+def outcome_loop(model_cls: type, device: str, dtype: torch.dtype) -> Step:
+    """``AmpOptimWrapper`` with ``overflow_guard`` set, its StepResult read each step.
+
+    Reads ``stepped``, ``skipped`` and ``scale`` (host values), not ``grad_norm``
+    (which would cost a sync): what a loop that reacts to skipped steps does.
+    """
+    model = fresh(model_cls, device)
+    wrapper = AmpOptimWrapper(sgd(model), dtype=dtype,
+                              overflow_guard=dict(max_consecutive=3, action='diagnose'))
+    seen: List[object] = [0, None]
+
+    def step(batch: Batch) -> None:
+        x, y = batch
+        with wrapper.optim_context(model):
+            out = model(x)
+        result = wrapper.update_params(F.cross_entropy(out.float(), y))
+        seen[0] = int(seen[0]) + result.stepped + result.skipped  # host values: no sync
+        seen[1] = result.scale
+
+    return step
+
+
+VARIANTS['AmpOptimWrapper + overflow_guard, StepResult read'] = outcome_loop
 
 
 # ------------------------------------------------------------------------ timing

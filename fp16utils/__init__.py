@@ -25,6 +25,8 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
     from .cast import cast_tensor_type
     from .debug import NonFiniteRecord, OverflowReport, find_overflow, nonfinite_summary
     from .decorators import auto_fp16, force_fp32
+    from .engine import StepResult
+    from .followers import skip_aware
     from .hooks import Fp16OptimizerHook, GradientCumulativeFp16OptimizerHook
     from .migrate import (
         ConfigConversionError,
@@ -57,6 +59,7 @@ __all__ = [
     'OptimWrapper',
     'OptimWrapperDict',
     'OverflowReport',
+    'StepResult',
     'TORCH_VERSION',
     '__version__',
     'auto_fp16',
@@ -75,6 +78,7 @@ __all__ = [
     'patch_mmcv',
     'patch_norm_fp32',
     'scan',
+    'skip_aware',
     'unpatch_mmcv',
     'wrap_fp16_model',
 ]
@@ -92,6 +96,8 @@ _EXPORTS = {
     'nonfinite_summary': 'debug',
     'auto_fp16': 'decorators',
     'force_fp32': 'decorators',
+    'StepResult': 'engine',
+    'skip_aware': 'followers',
     'Fp16OptimizerHook': 'hooks',
     'GradientCumulativeFp16OptimizerHook': 'hooks',
     'patch_mmcv': 'mmcv',

@@ -67,11 +67,15 @@ from .engine import (
     AccumulationWindow,
     LegacyEngine,
     NativeEngine,
+    OverflowGuard,
     ResumeState,
     StepEngine,
+    StepResult,
+    accumulating_result,
     check_tensors,
     flat_params,
     pending_grads,
+    take_step,
 )
 from .wrap import wrap_fp16_model
 
@@ -302,6 +306,13 @@ class Fp16OptimizerHook(_RunnerHook):
         nonfinite: ``'warn'`` (default), ``'raise'`` or ``'ignore'``: what to do
             with an inf/nan gradient when no dynamic scale can back off; see
             :class:`~fp16utils.optim.AmpOptimWrapper`.
+        overflow_guard: None, or ``dict(max_consecutive=3, action='diagnose')``;
+            see :class:`~fp16utils.optim.AmpOptimWrapper`. The watchers go on
+            ``runner.model`` in :meth:`before_train_iter`.
+
+    Each iteration the hook puts the :class:`~fp16utils.StepResult` fields in
+    ``runner.outputs['fp16']`` (a plain dict) and, when the loss is scaled,
+    ``loss_scale`` (the scale of the iteration's gradients) in ``runner.log_buffer``.
 
     Attributes:
         skipped_steps: Steps skipped for non-finite gradients.
@@ -318,10 +329,12 @@ class Fp16OptimizerHook(_RunnerHook):
                  bucket_size_mb: float = -1,
                  loss_scale: Union[str, float, Mapping[str, Any]] = 512.,
                  distributed: bool = True, *, dtype: Union[torch.dtype, str, None] = None,
-                 backend: Optional[str] = None, nonfinite: str = 'warn') -> None:
+                 backend: Optional[str] = None, nonfinite: str = 'warn',
+                 overflow_guard: Optional[Mapping[str, Any]] = None) -> None:
         _follow_mmcv()
         owner = type(self).__name__
         self.nonfinite = check_nonfinite_policy(nonfinite, owner)
+        self._guard = OverflowGuard.parse(overflow_guard, owner)
         self.grad_clip = dict(grad_clip) if grad_clip is not None else None
         self._clip = parse_clip_grad(grad_clip, owner)
         self.backend = _torch.resolve_backend(backend)
@@ -336,8 +349,20 @@ class Fp16OptimizerHook(_RunnerHook):
         self._optimizer: Optional[torch.optim.Optimizer] = None
         self._model_only: List[nn.Parameter] = []
         self._restored_iter: Optional[int] = None
+        self._steps_taken = 0
+        self._last_result: Optional[StepResult] = None
 
     # -- read-only state --------------------------------------------------------------------
+
+    @property
+    def steps_taken(self) -> int:
+        """Optimizer steps really taken (not skipped) by this hook; host-side, monotonic."""
+        return self._steps_taken
+
+    @property
+    def last_result(self) -> Optional[StepResult]:
+        """The :class:`~fp16utils.StepResult` of the last iteration (None before any)."""
+        return self._last_result
 
     @property
     def loss_scaler(self) -> Any:
@@ -449,14 +474,48 @@ class Fp16OptimizerHook(_RunnerHook):
         """Unscale, clip, step (or skip), update the scale, log, save the scaler state."""
         engine = self._require_engine(runner)
         engine.grad_norm = None
-        engine.step(runner.optimizer, int(runner.iter) + 1, {})
-        if engine.grad_norm is not None:
-            log_buffer = getattr(runner, 'log_buffer', None)
-            if log_buffer is not None:
-                outputs = getattr(runner, 'outputs', None) or {}
-                log_buffer.update({'grad_norm': float(engine.grad_norm)},
-                                  outputs.get('num_samples', 1))
+        result = take_step(engine, runner.optimizer, int(runner.iter) + 1, {})
+        if result.stepped:
+            self._steps_taken += 1
+        if self._guard is not None:
+            self._guard.record(result.skipped, engine.at_scale_floor)
         _fp16_slot(runner).update(engine.checkpoint())
+        self._publish(runner, result)
+
+    def _publish(self, runner: Any, result: StepResult) -> None:
+        """Keep ``result``; put its fields in ``runner.outputs['fp16']`` and log them.
+
+        ``grad_norm`` (when clipped by norm: one sync, as mmcv logs it) and
+        ``loss_scale`` (when the loss is scaled) go to ``runner.log_buffer`` as
+        floats, in one update weighted by ``outputs['num_samples']``.
+        """
+        self._last_result = result
+        if getattr(runner, 'outputs', None) is None:
+            runner.outputs = {}
+        fields = runner.outputs['fp16'] = result.to_dict()
+        logged = {}
+        if fields['grad_norm'] is not None:
+            logged['grad_norm'] = fields['grad_norm']
+        if fields['scale'] is not None:
+            logged['loss_scale'] = fields['scale']
+        log_buffer = getattr(runner, 'log_buffer', None)
+        if logged and log_buffer is not None:
+            log_buffer.update(logged, runner.outputs.get('num_samples', 1))
+
+    def _backward(self, runner: Any, engine: StepEngine, loss: torch.Tensor) -> None:
+        """Backward ``loss``; under the armed overflow guard, check its watchers after."""
+        guard = self._guard
+        if guard is not None and guard.watching:
+            guard.backward(lambda: engine.backward(loss), engine.logger, int(runner.iter) + 1)
+        else:
+            engine.backward(loss)
+
+    def before_train_iter(self, runner: Any) -> None:
+        """Attach the overflow guard's watchers to ``runner.model`` when it is armed."""
+        super().before_train_iter(runner)
+        guard = self._guard
+        if guard is not None and guard.armed:
+            guard.watch(runner.model)
 
     def _require_engine(self, runner: Any) -> StepEngine:
         engine = self._engine
@@ -471,7 +530,7 @@ class Fp16OptimizerHook(_RunnerHook):
         """Backward the scaled loss and update the parameters (or skip on overflow)."""
         engine = self._require_engine(runner)
         self._zero_grad(runner)
-        engine.backward(runner.outputs['loss'])
+        self._backward(runner, engine, runner.outputs['loss'])
         self._update(runner)
 
     def __repr__(self) -> str:
@@ -534,7 +593,7 @@ class GradientCumulativeFp16OptimizerHook(Fp16OptimizerHook):
         loss = runner.outputs['loss']
         if factor != 1:
             loss = loss / factor
-        engine.backward(loss)
+        self._backward(runner, engine, loss)
         if self._window.completes(it):
             self._update(runner)
             self._zero_grad(runner)
@@ -545,6 +604,7 @@ class GradientCumulativeFp16OptimizerHook(Fp16OptimizerHook):
             # checkpoint hook serialises them after this hook has run).
             _fp16_slot(runner)['pending_window'] = {
                 'iter': it + 1, 'grads': pending_grads(self._grad_params(), copy=False)}
+            self._publish(runner, accumulating_result(engine))
 
     def __repr__(self) -> str:
         return (f'{type(self).__name__}(cumulative_iters={self.cumulative_iters}, '

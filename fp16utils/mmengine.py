@@ -94,9 +94,10 @@ class _MMEngineSide:
         clip.pop('type')
         return clip
 
-    def step(self, **kwargs: Any) -> None:
-        super().step(**kwargs)  # type: ignore[misc]
+    def step(self, **kwargs: Any) -> Any:
+        result = super().step(**kwargs)  # type: ignore[misc]
         self._log_scalars()
+        return result
 
     def _log_scalars(self) -> None:
         hub = self.message_hub

@@ -74,7 +74,10 @@ def test_grad_norm_is_logged_with_the_sample_count(backend):
     runner.run(data, R.mse)
     records = runner.log_buffer.records
     assert len(records) == 3 and all(count == 5 for _, count in records)
-    assert all(set(v) == {'grad_norm'} and v['grad_norm'] > 0.1 for v, _ in records)
+    scaled = hook.dtype == torch.float16  # loss_scale is logged when the loss is scaled
+    assert all(set(v) == ({'grad_norm', 'loss_scale'} if scaled else {'grad_norm'})
+               and v['grad_norm'] > 0.1 and v.get('loss_scale', 256.0) == 256.0
+               for v, _ in records)
 
 
 @pytest.mark.parametrize('backend', BACKENDS)

@@ -139,11 +139,13 @@ LAYERS: list[set[str]] = [
     {'cast'},
     {'decorators', 'wrap'},
     {'scaler'},
+    {'debug'},
     {'engine'},
     {'optim'},
     {'hooks'},
+    {'followers'},
     {'mmcv', 'mmengine'},
-    {'debug', 'migrate'},
+    {'migrate'},
     {'demo'},
     {'cli'},
     {'__main__'},
@@ -241,8 +243,8 @@ def layering_errors(package: Path) -> list[str]:
 
 
 def test_modules_import_only_downward():
-    """_torch/_spec <- cast <- decorators/wrap <- scaler <- engine <- optim <- hooks
-    <- mmcv/mmengine <- debug/migrate <- demo <- cli <- __main__."""
+    """_torch/_spec <- cast <- decorators/wrap <- scaler <- debug <- engine <- optim <- hooks
+    <- followers <- mmcv/mmengine <- migrate <- demo <- cli <- __main__."""
     errors = layering_errors(ROOT / 'fp16utils')
     assert not errors, '\n'.join(errors)
 

@@ -13,6 +13,8 @@ Three engines share one interface:
 
 :class:`AccumulationWindow` is the gradient-accumulation arithmetic both
 styles share (the loss divisor, when to step, the warnings on resume).
+:class:`StepResult` says what one iteration did (:func:`take_step` makes it)
+and :class:`OverflowGuard` diagnoses a run of skipped steps.
 
 Example:
     >>> import torch
@@ -35,10 +37,13 @@ from .checks import (
     load_optimizer_state,
     snapshot_optimizer,
 )
+from .guard import GUARD_ACTIONS, OverflowGuard
 from .legacy import LegacyEngine
 from .native import NativeEngine
+from .outcome import StepResult, accumulating_result, take_step
 from .window import AccumulationWindow
 
-__all__ = ['AccumulationWindow', 'LegacyEngine', 'NativeEngine', 'ResumeState', 'StepEngine',
+__all__ = ['AccumulationWindow', 'GUARD_ACTIONS', 'LegacyEngine', 'NativeEngine',
+           'OverflowGuard', 'ResumeState', 'StepEngine', 'StepResult', 'accumulating_result',
            'check_optimizer_state', 'check_tensors', 'flat_params', 'load_optimizer_state',
-           'pending_grads', 'snapshot_optimizer']
+           'pending_grads', 'snapshot_optimizer', 'take_step']

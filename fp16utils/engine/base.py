@@ -134,6 +134,11 @@ class StepEngine:
         return None
 
     @property
+    def at_scale_floor(self) -> bool:
+        """Whether a dynamic loss scale sits at its floor (cannot back off further); no sync."""
+        return False
+
+    @property
     def masters(self) -> Optional[List[nn.Parameter]]:
         """The float32 master weights (legacy backend), else None."""
         return None

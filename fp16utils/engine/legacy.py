@@ -155,6 +155,11 @@ class LegacyEngine(StepEngine):
         return self.loss_scaler
 
     @property
+    def at_scale_floor(self) -> bool:
+        scaler = self.loss_scaler
+        return self.enabled and scaler.mode == 'dynamic' and scaler.cur_scale <= 1.0
+
+    @property
     def masters(self) -> List[nn.Parameter]:
         return self._masters
 

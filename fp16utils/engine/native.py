@@ -120,6 +120,10 @@ class NativeEngine(StepEngine):
         self._follow_scaler()
         return self._scale
 
+    @property
+    def at_scale_floor(self) -> bool:
+        return self.enabled and not self.static and self.loss_scale <= self._min_scale
+
     @staticmethod
     def _check_outside_state(state: Any) -> None:
         """Refuse a state loaded into the GradScaler from outside that is not usable."""

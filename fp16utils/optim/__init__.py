@@ -26,7 +26,8 @@ Example:
     >>> wrapper = AmpOptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1))
     >>> with wrapper.optim_context(model):
     ...     loss = model(torch.full((2, 4), 0.1)).float().mean()
-    >>> wrapper.update_params(loss)
+    >>> wrapper.update_params(loss).stepped
+    True
     >>> wrapper.skipped_steps, wrapper.loss_scale
     (0, 65536.0)
 """

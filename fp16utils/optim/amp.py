@@ -26,7 +26,7 @@ from torch import nn
 from .. import _torch
 from .._spec import check_nonfinite_policy, parse_loss_scale
 from ..cast import cast_tensor_type
-from ..engine import LegacyEngine, NativeEngine, ResumeState, flat_params
+from ..engine import LegacyEngine, NativeEngine, OverflowGuard, ResumeState, flat_params
 from ..scaler import LossScaler
 from ..wrap import wrap_fp16_model
 from .wrapper import _NULL_CONTEXT, OptimWrapper
@@ -199,6 +199,14 @@ class AmpOptimWrapper(OptimWrapper):
             fused check and device sync it costs when nothing is scaled).
             With a dynamic scale an overflow always skips and backs off, and
             the scale never goes below ``min(1, init_scale)``.
+        overflow_guard: None (default), or ``dict(max_consecutive=3,
+            action='diagnose')``: after ``max_consecutive`` skipped steps in a
+            row, or a skip that leaves the dynamic scale at its floor, the
+            next forward (from :meth:`optim_context`) and backward run under
+            :func:`~fp16utils.find_overflow`; ``'diagnose'`` then logs the
+            report once per streak, ``'raise'`` raises ``FloatingPointError``
+            (the report in its ``report`` attribute) before the optimizer
+            steps. Costs nothing while steps are clean.
 
     Attributes:
         dtype: The resolved dtype (float16 when ``dtype=None``).
@@ -224,7 +232,8 @@ class AmpOptimWrapper(OptimWrapper):
         ...     out = model(torch.ones(3, 4))
         >>> out.dtype
         torch.float16
-        >>> wrapper.update_params(out.float().sum())
+        >>> wrapper.update_params(out.float().sum()).scale
+        1024.0
         >>> wrapper.state_dict()['loss_scaler']['scale']
         1024.0
     """
@@ -235,13 +244,16 @@ class AmpOptimWrapper(OptimWrapper):
                  backend: Optional[str] = None, accumulative_counts: int = 1,
                  clip_grad: Optional[Mapping[str, Any]] = None,
                  model: Optional[nn.Module] = None, nonfinite: str = 'warn',
+                 overflow_guard: Optional[Mapping[str, Any]] = None,
                  **kwargs: Any) -> None:
         owner = type(self).__name__
         optimizer, loss_scale = _bind_loss_scale(owner, loss_scale, optimizer, kwargs)
         nonfinite = check_nonfinite_policy(nonfinite, owner)
+        guard = OverflowGuard.parse(overflow_guard, owner)
         if not isinstance(use_fsdp, bool):
             raise TypeError(f'{owner}: use_fsdp must be True or False, got {use_fsdp!r}.')
         super().__init__(optimizer, accumulative_counts, clip_grad)
+        self._guard = guard
         spec = parse_loss_scale(loss_scale, owner)
         self.dtype: torch.dtype = resolve_cast_dtype(dtype)
         #: The ``dtype`` argument as a torch dtype (None stays None), as MMEngine keeps it.
@@ -334,7 +346,11 @@ class AmpOptimWrapper(OptimWrapper):
         else:
             inner = _CastIO(model, self.dtype)
         outer = super().optim_context(model)
-        return inner if outer is _NULL_CONTEXT else _Both(outer, inner)
+        context = inner if outer is _NULL_CONTEXT else _Both(outer, inner)
+        guard = self._guard
+        if guard is not None and guard.armed:
+            return _Both(_Guarded(guard, model), context)
+        return context
 
     def _model_device_type(self, model: nn.Module) -> str:
         """The device type of ``model``'s first parameter (or buffer).
@@ -433,6 +449,23 @@ class _Both:
         if suppressed:
             exc = (None, None, None)
         return bool(self.outer.__exit__(*exc)) or suppressed
+
+
+class _Guarded:
+    """Attach an armed overflow guard's watchers; they stay on until the backward."""
+
+    __slots__ = ('guard', 'model')
+
+    def __init__(self, guard: OverflowGuard, model: nn.Module) -> None:
+        self.guard = guard
+        self.model = model
+
+    def __enter__(self) -> None:
+        self.guard.watch(self.model)
+
+    def __exit__(self, *exc: Any) -> None:
+        if exc[0] is not None:
+            self.guard.stop(*exc)  # the forward failed: no backward will come
 
 
 class _CastIO:

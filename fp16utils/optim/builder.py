@@ -33,7 +33,8 @@ _SINGLE_CONSTRUCTORS = ('DefaultOptimWrapperConstructor', 'OptimWrapperConstruct
 _MULTI_CONSTRUCTORS = ('MultiOptimWrapperConstructor',
                        PLUGIN_NAMES['MultiOptimWrapperConstructor'])
 _COMMON_KEYS = ('type', 'optimizer', 'accumulative_counts', 'clip_grad', 'paramwise_cfg')
-_AMP_KEYS = ('loss_scale', 'dtype', 'use_fsdp', 'backend', 'nonfinite')
+_AMP_KEYS = ('loss_scale', 'dtype', 'use_fsdp', 'backend', 'nonfinite',
+             'overflow_guard')
 
 
 def _optimizer_classes() -> Dict[str, type]:

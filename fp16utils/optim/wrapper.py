@@ -8,6 +8,7 @@ Example:
     >>> with wrapper.optim_context(model):
     ...     loss = model(torch.ones(1, 2)).sum()
     >>> wrapper.update_params(loss)
+    StepResult(stepped=True, skipped=False, accumulating=False, scale=None, grad_norm=None)
     >>> wrapper.inner_count
     1
 """
@@ -23,12 +24,16 @@ from torch import nn
 from .._spec import parse_clip_grad
 from ..engine import (
     AccumulationWindow,
+    OverflowGuard,
     ResumeState,
     StepEngine,
+    StepResult,
+    accumulating_result,
     check_optimizer_state,
     load_optimizer_state,
     pending_grads,
     snapshot_optimizer,
+    take_step,
 )
 
 __all__ = ['OptimWrapper']
@@ -103,6 +108,8 @@ class OptimWrapper:
     Attributes:
         grad_norm: The total gradient norm of the last norm-clipped step, as a
             0-dim tensor (``float()`` it to log; that costs a device sync), or None.
+        last_result: The :class:`~fp16utils.StepResult` of the last iteration.
+        steps_taken: Optimizer steps really taken (not skipped) by this object.
 
     Example:
         >>> import torch
@@ -113,9 +120,9 @@ class OptimWrapper:
         >>> for _ in range(2):
         ...     with wrapper.optim_context(model):
         ...         loss = model(torch.ones(1, 2)).sum()
-        ...     wrapper.update_params(loss)
-        >>> wrapper.inner_count, wrapper.grad_norm is not None
-        (2, True)
+        ...     result = wrapper.update_params(loss)
+        >>> wrapper.inner_count, wrapper.grad_norm is not None, result.stepped
+        (2, True, True)
     """
 
     _engine: StepEngine
@@ -129,6 +136,10 @@ class OptimWrapper:
         self.optimizer = optimizer
         self._inner_count = 0
         self._restored_count: Optional[int] = None
+        self._steps_taken = 0
+        self._last_result: Optional[StepResult] = None
+        #: The overflow guard (:class:`AmpOptimWrapper`'s ``overflow_guard=``), or None.
+        self._guard: Optional[OverflowGuard] = None
         #: With several param groups, a group that holds the optimizer's defaults
         #: and no parameter, as MMEngine keeps it: param schedulers step its ``lr``
         #: too, so ``get_lr()['base_lr']`` follows the schedule without the
@@ -148,6 +159,20 @@ class OptimWrapper:
     def inner_count(self) -> int:
         """Backward passes so far (the iteration count, restored on resume)."""
         return self._inner_count
+
+    @property
+    def steps_taken(self) -> int:
+        """Optimizer steps really taken (skipped ones not counted) by this wrapper object.
+
+        Host-side and monotonic (not saved in :meth:`state_dict`: a resumed
+        wrapper counts from 0); :func:`~fp16utils.skip_aware` followers read it.
+        """
+        return self._steps_taken
+
+    @property
+    def last_result(self) -> Optional[StepResult]:
+        """The :class:`~fp16utils.StepResult` of the last iteration (None before any)."""
+        return self._last_result
 
     @property
     def max_counts(self) -> int:
@@ -239,27 +264,53 @@ class OptimWrapper:
         return loss / self._window.divisor(self._inner_count)
 
     def update_params(self, loss: _Tensor, step_kwargs: Optional[Dict[str, Any]] = None,
-                      zero_kwargs: Optional[Dict[str, Any]] = None) -> None:
+                      zero_kwargs: Optional[Dict[str, Any]] = None) -> StepResult:
         """Backward ``loss``; step and zero the gradients when the window is complete.
 
         Args:
             loss: The loss of this iteration (not yet divided for accumulation).
             step_kwargs: Keyword arguments for :meth:`step`.
             zero_kwargs: Keyword arguments for :meth:`zero_grad`.
+
+        Returns:
+            What the iteration did: stepped, skipped, or accumulating (see
+            :class:`~fp16utils.StepResult`); also in :attr:`last_result`.
         """
         self.backward(self.scale_loss(loss))
         if self.should_update():
-            self.step(**(step_kwargs or {}))
+            result = self.step(**(step_kwargs or {}))
             self.zero_grad(**(zero_kwargs or {}))
+            return result
+        result = self._last_result = accumulating_result(self._engine)
+        return result
 
     def backward(self, loss: _Tensor, **kwargs: Any) -> None:
         """Backward ``loss`` (scaled, where the wrapper scales) and count the iteration."""
-        self._engine.backward(loss, **kwargs)
+        guard = self._guard
+        if guard is not None and guard.watching:
+            engine = self._engine
+            guard.backward(lambda: engine.backward(loss, **kwargs), engine.logger,
+                           self._inner_count + 1)
+        else:
+            self._engine.backward(loss, **kwargs)
         self._inner_count += 1
 
-    def step(self, **kwargs: Any) -> None:
-        """Clip the gradients (if configured) and step the optimizer."""
-        self._engine.step(self.optimizer, self._inner_count, kwargs)
+    def step(self, **kwargs: Any) -> StepResult:
+        """Clip the gradients (if configured) and step the optimizer (or skip a bad step).
+
+        Returns:
+            The :class:`~fp16utils.StepResult` (stepped or skipped); also in
+            :attr:`last_result`.
+        """
+        engine = self._engine
+        result = self._last_result = take_step(engine, self.optimizer, self._inner_count,
+                                               kwargs)
+        if result.stepped:
+            self._steps_taken += 1
+        guard = self._guard
+        if guard is not None:
+            guard.record(result.skipped, engine.at_scale_floor)
+        return result
 
     def zero_grad(self, **kwargs: Any) -> None:
         """Zero the optimizer's gradients (``set_to_none`` and friends pass through)."""

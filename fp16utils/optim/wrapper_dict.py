@@ -115,6 +115,24 @@ class OptimWrapperDict:
         raise self._per_entry('optim_context')
 
     @property
+    def last_results(self) -> Dict[str, Any]:
+        """``{name: entry.last_result}``: each entry's last :class:`~fp16utils.StepResult`.
+
+        None for an entry that has not run an iteration yet (or that keeps no
+        result, such as another library's wrapper).
+
+        Example:
+            >>> import torch
+            >>> from fp16utils import OptimWrapper
+            >>> p = torch.nn.Parameter(torch.ones(1))
+            >>> d = OptimWrapperDict(a=OptimWrapper(torch.optim.SGD([p], lr=1.0)))
+            >>> _ = d['a'].update_params(p.sum())
+            >>> d.last_results['a'].stepped
+            True
+        """
+        return {name: getattr(w, 'last_result', None) for name, w in self.optim_wrappers.items()}
+
+    @property
     def param_groups(self) -> Dict[str, List[Dict[str, Any]]]:
         """``{name: entry.param_groups}``."""
         return {name: w.param_groups for name, w in self.optim_wrappers.items()}
