@@ -68,13 +68,13 @@ from .engine import (
     LegacyEngine,
     NativeEngine,
     OverflowGuard,
-    ResumeState,
     StepEngine,
     StepResult,
     accumulating_result,
     check_tensors,
     flat_params,
     pending_grads,
+    resume_state_from_meta,
     take_step,
 )
 from .wrap import wrap_fp16_model
@@ -236,20 +236,6 @@ class _RunnerHook:
     after_val_iter = _calls('after_iter')
 
 
-def _fp16_meta(runner: Any, owner: str) -> Any:
-    """``runner.meta['fp16']`` (a dict, or an empty one when absent); raise when malformed."""
-    meta = runner.meta
-    if meta is not None and not isinstance(meta, Mapping):
-        raise TypeError(f'{owner}: runner.meta must be a dict or None, got '
-                        f'{type(meta).__name__} {meta!r}.')
-    fp16_meta = (meta or {}).get('fp16')
-    if fp16_meta is not None and not isinstance(fp16_meta, Mapping):
-        raise TypeError(f"{owner}: runner.meta['fp16'] must be a dict (the loss scaler "
-                        f'state and the statistics), got {type(fp16_meta).__name__} '
-                        f'{fp16_meta!r}.')
-    return fp16_meta or {}
-
-
 def _fp16_slot(runner: Any) -> Any:
     """``runner.meta['fp16']``, made (with ``runner.meta``) where it is None or absent."""
     if runner.meta is None:
@@ -258,22 +244,6 @@ def _fp16_slot(runner: Any) -> Any:
     if slot is None:
         slot = runner.meta['fp16'] = {}
     return slot
-
-
-def _resume_state(fp16_meta: Mapping[str, Any], step: int, owner: str) -> ResumeState:
-    """What ``runner.meta['fp16']`` holds; the pending window only when it is for ``step``."""
-    pending = fp16_meta.get('pending_window')
-    grads = None
-    if pending is not None:
-        it = pending.get('iter') if isinstance(pending, Mapping) else None
-        if not (isinstance(it, int) and not isinstance(it, bool) and it >= 0) or (
-                'grads' not in pending):
-            raise ValueError(f"{owner}: runner.meta['fp16']['pending_window'] must be a dict "
-                             f"{{'iter': an int >= 0, 'grads': a list}}, got {pending!r}.")
-        if it == step:
-            grads = pending['grads']
-    return ResumeState(fp16_meta.get('loss_scaler'), fp16_meta.get('stats'),
-                       fp16_meta.get('master_params'), grads)
 
 
 class Fp16OptimizerHook(_RunnerHook):
@@ -397,8 +367,7 @@ class Fp16OptimizerHook(_RunnerHook):
         model = runner.model
         engine = self._engine
         step = int(getattr(runner, 'iter', 0) or 0)
-        fp16_meta = _fp16_meta(runner, owner)
-        resume = _resume_state(fp16_meta, step, owner)
+        fp16_meta, resume = resume_state_from_meta(runner.meta, step, owner)
         backend, spec = self.backend, self._spec
         if engine is None or optimizer is not self._optimizer:
             # Now that the device is known: legacy where native cannot run the dtype there.

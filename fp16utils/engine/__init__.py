@@ -30,7 +30,7 @@ Example:
     (65536.0, 0)
 """
 
-from .base import ResumeState, StepEngine, flat_params, pending_grads
+from .base import ResumeState, StepEngine, flat_params, pending_grads, resume_state_from_meta
 from .checks import (
     check_optimizer_state,
     check_tensors,
@@ -46,4 +46,4 @@ from .window import AccumulationWindow
 __all__ = ['AccumulationWindow', 'GUARD_ACTIONS', 'LegacyEngine', 'NativeEngine',
            'OverflowGuard', 'ResumeState', 'StepEngine', 'StepResult', 'accumulating_result',
            'check_optimizer_state', 'check_tensors', 'flat_params', 'load_optimizer_state',
-           'pending_grads', 'snapshot_optimizer', 'take_step']
+           'pending_grads', 'resume_state_from_meta', 'snapshot_optimizer', 'take_step']

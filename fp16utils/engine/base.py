@@ -25,7 +25,7 @@ from ..scaler import non_finite_check_
 from .checks import check_tensors
 
 __all__ = ['Clip', 'ResumeState', 'StepEngine', 'check_pending', 'flat_params',
-           'pending_grads']
+           'pending_grads', 'resume_state_from_meta']
 
 logger = logging.getLogger('fp16utils')
 
@@ -94,6 +94,46 @@ class ResumeState(NamedTuple):
     masters: Optional[List[_Tensor]] = None
     #: The gradients of an unfinished accumulation window, or None.
     pending: Optional[List[Optional[_Tensor]]] = None
+
+
+def resume_state_from_meta(meta: Any, step: int, owner: str
+                           ) -> Tuple[Dict[str, Any], ResumeState]:
+    """Read what the 0.x hooks keep in ``runner.meta['fp16']``; raise when it is malformed.
+
+    Args:
+        meta: ``runner.meta`` (a dict or None).
+        step: The iteration the run resumes at: a pending window saved for
+            another iteration is left out.
+        owner: Who resumes, for error messages.
+
+    Returns:
+        ``runner.meta['fp16']`` (an empty dict when absent) and what it holds.
+
+    Example:
+        >>> resume_state_from_meta(None, 0, 'hook')
+        ({}, ResumeState(scaler=None, stats=None, masters=None, pending=None))
+    """
+    if meta is not None and not isinstance(meta, Mapping):
+        raise TypeError(f'{owner}: runner.meta must be a dict or None, got '
+                        f'{type(meta).__name__} {meta!r}.')
+    fp16_meta = (meta or {}).get('fp16')
+    if fp16_meta is not None and not isinstance(fp16_meta, Mapping):
+        raise TypeError(f"{owner}: runner.meta['fp16'] must be a dict (the loss scaler "
+                        f'state and the statistics), got {type(fp16_meta).__name__} '
+                        f'{fp16_meta!r}.')
+    fp16_meta = fp16_meta or {}
+    pending = fp16_meta.get('pending_window')
+    grads = None
+    if pending is not None:
+        it = pending.get('iter') if isinstance(pending, Mapping) else None
+        if not (isinstance(it, int) and not isinstance(it, bool) and it >= 0) or (
+                'grads' not in pending):
+            raise ValueError(f"{owner}: runner.meta['fp16']['pending_window'] must be a dict "
+                             f"{{'iter': an int >= 0, 'grads': a list}}, got {pending!r}.")
+        if it == step:
+            grads = pending['grads']
+    return fp16_meta, ResumeState(fp16_meta.get('loss_scaler'), fp16_meta.get('stats'),
+                                  fp16_meta.get('master_params'), grads)
 
 
 class StepEngine:
