@@ -21,11 +21,12 @@ from typing import Any, Dict, Mapping, NamedTuple, Optional, Tuple
 
 __all__ = [
     'NotADictError',
-    'GRAD_SCALER_ARGS', 'GRAD_SCALER_STATE_KEYS', 'LOSS_SCALER_ARGS', 'MIN_LOSS_SCALE',
-    'MMCV_DYNAMIC', 'MMCV_STATE_KEYS', 'NONFINITE_POLICIES', 'SCALE_HISTORY_LEN',
+    'GRAD_SCALER_ARGS', 'GRAD_SCALER_STATE_KEYS', 'LOSS_SCALER_ARGS', 'MAX_LOSS_SCALE',
+    'MIN_LOSS_SCALE', 'MMCV_DYNAMIC', 'MMCV_STATE_KEYS', 'NONFINITE_POLICIES', 'SCALE_HISTORY_LEN',
     'ScaleSpec', 'TORCH_DYNAMIC', 'check_nonfinite_policy', 'check_positive_int',
-    'check_state_keys', 'grad_scaler_to_mmcv_state', 'is_number', 'is_positive_int',
-    'mmcv_to_grad_scaler_state',
+    'check_scale', 'check_scaler_state', 'check_state_keys', 'check_stats', 'grow_scale',
+    'grad_scaler_to_mmcv_state', 'is_number', 'is_positive_int', 'mmcv_to_grad_scaler_state',
+    'shrink_scale',
     'nonfinite_error', 'parse_clip_grad', 'parse_loss_scale', 'positive_finite',
 ]
 
@@ -36,6 +37,9 @@ SCALE_HISTORY_LEN = 64
 #: The native loss scale never backs off below this (nor below its initial value),
 #: as mmcv's LossScaler never goes below 1.
 MIN_LOSS_SCALE = 1.0
+#: No loss scale grows beyond this (the largest power of two a float32 holds): a
+#: float32 loss times a larger scale, or GradScaler's float32 scale tensor, is inf.
+MAX_LOSS_SCALE = 2.0**127
 
 
 class NotADictError(ValueError, AssertionError):
@@ -74,6 +78,43 @@ def is_positive_int(value: Any) -> bool:
         (True, False, False)
     """
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def check_scale(value: Any, owner: str, name: str) -> float:
+    """Return ``value`` as a float when it is a usable loss scale, else raise naming it.
+
+    A loss scale is a number (not a bool) in ``(0, MAX_LOSS_SCALE]``.
+
+    Example:
+        >>> check_scale(512, 'LossScaler', 'init_scale')
+        512.0
+    """
+    if not (positive_finite(value) and value <= MAX_LOSS_SCALE):
+        raise ValueError(f'{owner}: {name} must be a finite number > 0 and <= 2**127, got '
+                         f'{value!r}.')
+    return float(value)
+
+
+def grow_scale(scale: float, factor: float) -> float:
+    """``scale * factor``, never beyond :data:`MAX_LOSS_SCALE`.
+
+    Example:
+        >>> grow_scale(2.0**127, 2.0) == MAX_LOSS_SCALE
+        True
+    """
+    return min(scale * factor, MAX_LOSS_SCALE)
+
+
+def shrink_scale(scale: float, backed_off: float, floor: float) -> float:
+    """The scale after an overflow: ``backed_off``, not below ``floor``, never above ``scale``.
+
+    An overflow never raises the scale: a scale already below the floor stays.
+
+    Example:
+        >>> shrink_scale(8.0, 4.0, 1.0), shrink_scale(1.0, 0.5, 1.0), shrink_scale(0.5, 0.25, 1.0)
+        (4.0, 1.0, 0.5)
+    """
+    return max(backed_off, min(floor, scale))
 
 
 def check_positive_int(value: Any, owner: str, name: str) -> int:
@@ -134,8 +175,9 @@ def parse_loss_scale(loss_scale: Any, owner: str,
             return dynamic
         raise ValueError(f"{usage}; got the string {loss_scale!r}.")
     if is_number(loss_scale):
-        if not positive_finite(loss_scale):
-            raise ValueError(f'{usage}; got {loss_scale!r}, which is not a finite number > 0.')
+        if not (positive_finite(loss_scale) and loss_scale <= MAX_LOSS_SCALE):
+            raise ValueError(f'{usage}; got {loss_scale!r}, which is not a finite number > 0 '
+                             'and <= 2**127.')
         return dynamic._replace(static=True, init_scale=float(loss_scale))
     if not isinstance(loss_scale, Mapping):
         raise ValueError(f'{usage}; got {type(loss_scale).__name__} {loss_scale!r}.')
@@ -153,8 +195,9 @@ def parse_loss_scale(loss_scale: Any, owner: str,
         raise ValueError(f"{usage}; mode must be 'dynamic' or 'static', got {mode!r}.")
     static = mode == 'static'
     init_scale = args.get('init_scale', dynamic.init_scale)
-    if not positive_finite(init_scale):
-        raise ValueError(f'{usage}; init_scale must be a finite number > 0, got {init_scale!r}.')
+    if not (positive_finite(init_scale) and init_scale <= MAX_LOSS_SCALE):
+        raise ValueError(f'{usage}; init_scale must be a finite number > 0 and <= 2**127, got '
+                         f'{init_scale!r}.')
     growth = args.get('growth_factor', args.get('scale_factor', dynamic.growth_factor))
     if 'backoff_factor' in args:
         backoff = args['backoff_factor']
@@ -199,13 +242,16 @@ def mmcv_to_grad_scaler_state(state: Mapping[str, Any]) -> Tuple[Dict[str, Any],
     window = int(state['scale_window'])
     factor = float(state['scale_factor'])
     tracker = (int(state['cur_iter']) - int(state['last_overflow_iter']) - 1) % window
+    static = state['mode'] == 'static'
+    if factor <= 1:  # a static scale never grows: keep values GradScaler takes
+        factor = TORCH_DYNAMIC.growth_factor
     return {
         'scale': float(state['cur_scale']),
         'growth_factor': factor,
         'backoff_factor': 1.0 / factor,
         'growth_interval': window,
         '_growth_tracker': tracker,
-    }, state['mode'] == 'static'
+    }, static
 
 
 def grad_scaler_to_mmcv_state(state: Mapping[str, Any], static: bool) -> Dict[str, Any]:
@@ -227,8 +273,56 @@ def grad_scaler_to_mmcv_state(state: Mapping[str, Any], static: bool) -> Dict[st
     }
 
 
-def check_state_keys(state: Mapping[str, Any], owner: str) -> str:
-    """Say which scaler format ``state`` is in: ``'mmcv'`` or ``'torch'``."""
+def _state_error(owner: str, key: str, value: Any, expected: str) -> ValueError:
+    return ValueError(f'{owner}: the loss scaler state has {key}={value!r}; expected '
+                      f'{expected}. Load a state written by GradScaler.state_dict() or '
+                      'LossScaler.state_dict().')
+
+
+def _check_int(state: Mapping[str, Any], key: str, owner: str, low: Optional[int]) -> int:
+    value = state[key]
+    if not (isinstance(value, int) and not isinstance(value, bool)) or (
+            low is not None and value < low):
+        raise _state_error(owner, key, value, 'an int' if low is None else f'an int >= {low}')
+    return value
+
+
+def _check_factor(state: Mapping[str, Any], key: str, owner: str, above_one: bool) -> float:
+    value = state[key]
+    ok = positive_finite(value) and (value > 1 if above_one else value < 1)
+    if not ok:
+        raise _state_error(owner, key, value, 'a finite number > 1' if above_one
+                           else 'a number in (0, 1)')
+    return float(value)
+
+
+def check_scaler_state(state: Any, owner: str) -> str:
+    """Check a loss scaler state completely; say its format: ``'mmcv'`` or ``'torch'``.
+
+    Keys (none missing, none unknown), types and values are checked: a scale in
+    ``(0, 2**127]``, growth factor > 1, backoff factor in (0, 1), intervals
+    ints >= 1, a growth tracker in ``[0, growth_interval)``, mmcv's mode
+    ``'dynamic'`` or ``'static'`` and ``-1 <= last_overflow_iter <= cur_iter``.
+    A bool is not a number here.
+
+    Args:
+        state: A ``GradScaler.state_dict()`` or an mmcv ``LossScaler.state_dict()``.
+        owner: Who loads it, for the message.
+
+    Returns:
+        ``'mmcv'`` or ``'torch'``.
+
+    Raises:
+        TypeError: ``state`` is not a dict.
+        KeyError: A key is missing.
+        ValueError: An unknown key, or a value of the wrong type or range (the
+            message names the key and the value).
+
+    Example:
+        >>> check_scaler_state(dict(scale=1024., growth_factor=2., backoff_factor=.5,
+        ...                         growth_interval=100, _growth_tracker=3), 'example')
+        'torch'
+    """
     if not isinstance(state, Mapping):
         raise TypeError(f'{owner}: a loss scaler state must be a dict, got '
                         f'{type(state).__name__}.')
@@ -239,10 +333,82 @@ def check_state_keys(state: Mapping[str, Any], owner: str) -> str:
     missing = [k for k in keys if k not in state]
     if missing:
         raise KeyError(
-            f'{owner}: the loss scaler state {sorted(state)} is missing {missing}; expected '
-            f'GradScaler.state_dict() keys {list(GRAD_SCALER_STATE_KEYS)} or mmcv '
+            f'{owner}: the loss scaler state {sorted(state, key=str)} is missing {missing}; '
+            f'expected GradScaler.state_dict() keys {list(GRAD_SCALER_STATE_KEYS)} or mmcv '
             f'LossScaler keys {list(MMCV_STATE_KEYS)}.')
+    unknown = sorted(set(state) - set(keys), key=str)
+    if unknown:
+        raise ValueError(f'{owner}: the loss scaler state has the unknown key(s) {unknown}; '
+                         f'a {kind} state has exactly the keys {list(keys)}.')
+    scale_key = 'cur_scale' if kind == 'mmcv' else 'scale'
+    scale = state[scale_key]
+    if not (positive_finite(scale) and scale <= MAX_LOSS_SCALE):
+        raise _state_error(owner, scale_key, scale, 'a finite number > 0 and <= 2**127')
+    if kind == 'torch':
+        _check_factor(state, 'growth_factor', owner, True)
+        _check_factor(state, 'backoff_factor', owner, False)
+        interval = _check_int(state, 'growth_interval', owner, 1)
+        tracker = _check_int(state, '_growth_tracker', owner, 0)
+        if tracker >= interval:
+            raise _state_error(owner, '_growth_tracker', tracker,
+                               f'an int in [0, growth_interval={interval})')
+        return kind
+    mode = state['mode']
+    if mode not in ('dynamic', 'static'):
+        raise _state_error(owner, 'mode', mode, "'dynamic' or 'static'")
+    factor = state['scale_factor']
+    if mode == 'dynamic':
+        _check_factor(state, 'scale_factor', owner, True)
+    elif not positive_finite(factor):
+        raise _state_error(owner, 'scale_factor', factor, 'a finite number > 0')
+    _check_int(state, 'scale_window', owner, 1)
+    cur_iter = _check_int(state, 'cur_iter', owner, 0)
+    last = _check_int(state, 'last_overflow_iter', owner, None)
+    if last > cur_iter:
+        raise _state_error(owner, 'last_overflow_iter', last,
+                           f'an int <= cur_iter={cur_iter} (-1: no overflow yet)')
     return kind
+
+
+#: The old name of :func:`check_scaler_state`.
+check_state_keys = check_scaler_state
+
+
+def check_stats(stats: Any, owner: str) -> Tuple[int, list]:
+    """Check saved skip statistics; return ``(skipped_steps, scale_history)``.
+
+    Args:
+        stats: ``{'skipped_steps': int >= 0, 'scale_history': [(step, scale), ...]}``.
+        owner: Who loads it, for the message.
+
+    Returns:
+        The skip count and the history as a new list of ``(int, float)`` pairs.
+
+    Example:
+        >>> check_stats({'skipped_steps': 2, 'scale_history': [(0, 8.0)]}, 'example')
+        (2, [(0, 8.0)])
+    """
+    usage = (f"{owner}: the saved fp16 statistics must be a dict {{'skipped_steps': an int "
+             ">= 0, 'scale_history': a list of (step, scale) pairs}}")
+    if not isinstance(stats, Mapping) or set(stats) != {'skipped_steps', 'scale_history'}:
+        raise ValueError(f'{usage}; got {stats!r}.')
+    skipped = stats['skipped_steps']
+    if not (isinstance(skipped, int) and not isinstance(skipped, bool) and skipped >= 0):
+        raise ValueError(f'{usage}; got skipped_steps={skipped!r}.')
+    history = stats['scale_history']
+    if not isinstance(history, (list, tuple)):
+        raise ValueError(f'{usage}; got scale_history={history!r}.')
+    pairs = []
+    for entry in history:
+        ok = isinstance(entry, (list, tuple)) and len(entry) == 2
+        if ok:
+            step, scale = entry
+            ok = (isinstance(step, int) and not isinstance(step, bool) and step >= 0
+                  and positive_finite(scale) and scale <= MAX_LOSS_SCALE)
+        if not ok:
+            raise ValueError(f'{usage}; scale_history holds {entry!r}.')
+        pairs.append((step, float(scale)))
+    return skipped, pairs
 
 
 def parse_clip_grad(clip_grad: Any, owner: str) -> Optional[Tuple[str, Dict[str, Any]]]:

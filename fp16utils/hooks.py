@@ -68,12 +68,13 @@ from .engine import (
     LegacyEngine,
     NativeEngine,
     OverflowGuard,
-    ResumeState,
     StepEngine,
     StepResult,
     accumulating_result,
+    check_tensors,
     flat_params,
     pending_grads,
+    resume_state_from_meta,
     take_step,
 )
 from .wrap import wrap_fp16_model
@@ -235,6 +236,16 @@ class _RunnerHook:
     after_val_iter = _calls('after_iter')
 
 
+def _fp16_slot(runner: Any) -> Any:
+    """``runner.meta['fp16']``, made (with ``runner.meta``) where it is None or absent."""
+    if runner.meta is None:
+        runner.meta = {}
+    slot = runner.meta.get('fp16')
+    if slot is None:
+        slot = runner.meta['fp16'] = {}
+    return slot
+
+
 class Fp16OptimizerHook(_RunnerHook):
     """mmcv's ``Fp16OptimizerHook``: fp16 backward, scaling, clipping and the update.
 
@@ -355,29 +366,24 @@ class Fp16OptimizerHook(_RunnerHook):
         optimizer = runner.optimizer
         model = runner.model
         engine = self._engine
+        step = int(getattr(runner, 'iter', 0) or 0)
+        fp16_meta, resume = resume_state_from_meta(runner.meta, step, owner)
+        backend, spec = self.backend, self._spec
         if engine is None or optimizer is not self._optimizer:
             # Now that the device is known: legacy where native cannot run the dtype there.
-            first = flat_params(optimizer)[:1]
+            params = flat_params(optimizer)
             backend = _torch.backend_for(self._backend_arg,
-                                         first[0].device.type if first else 'cpu', self.dtype,
+                                         params[0].device.type if params else 'cpu', self.dtype,
                                          model)
             if backend != self.backend:
-                self.backend = backend
-                self._spec = parse_loss_scale(self._loss_scale_arg, owner, MMCV_DYNAMIC
-                                              if backend == 'legacy' else TORCH_DYNAMIC)
-        if engine is not None and optimizer is self._optimizer:
-            pass  # a second run with the same optimizer: already prepared
-        elif self.backend == 'legacy':
-            engine = LegacyEngine(optimizer, self._spec, self.dtype, owner, self.nonfinite,
-                                  self._clip)
-            if self.distributed:
-                engine.reduce = self._reduce
-            wrap_fp16_model(model, self.dtype, backend='legacy')
-        else:
-            wrap_fp16_model(model, self.dtype, backend='native')
-            first = optimizer.param_groups[0]['params'][0]
-            engine = NativeEngine(self._spec, self.dtype, lambda: first.device.type,
-                                  self.nonfinite, self._clip)
+                spec = parse_loss_scale(self._loss_scale_arg, owner, MMCV_DYNAMIC
+                                        if backend == 'legacy' else TORCH_DYNAMIC)
+            # All checked before the model is converted or the optimizer re-pointed.
+            StepEngine().prepare_resume(resume._replace(masters=None), step, owner, params)
+            if resume.masters is not None and backend == 'legacy':
+                check_tensors(resume.masters, params, 'master weights', owner, False)
+            engine = self._make_engine(optimizer, model, backend, spec, params, owner)
+        self.backend, self._spec = backend, spec
         if self.backend == 'native':
             engine.clip_params = list(model.parameters())  # as mmcv clips the model's
         run_logger = getattr(runner, 'logger', None)
@@ -386,8 +392,6 @@ class Fp16OptimizerHook(_RunnerHook):
         self._optimizer = optimizer
         held = {id(p) for p in flat_params(optimizer)}
         self._model_only = [p for p in model.parameters() if id(p) not in held]
-        fp16_meta = (runner.meta or {}).get('fp16') or {}
-        step = int(getattr(runner, 'iter', 0) or 0)
         if step and engine.enabled and not self._spec.static and not fp16_meta.get('loss_scaler'):
             engine.logger.warning(
                 '%s: the run starts at iteration %d but runner.meta holds no loss-scaler '
@@ -395,18 +399,26 @@ class Fp16OptimizerHook(_RunnerHook):
                 'IterBasedRunner.resume does not restore runner.meta: call '
                 'fp16utils.patch_mmcv() first, or start with `fp16utils run`.)',
                 owner, step, engine.loss_scale)
-        pending = fp16_meta.get('pending_window')
-        grads = None
-        if pending is not None and int(pending['iter']) == step:
-            grads = list(pending['grads'])
-        engine.resume(ResumeState(fp16_meta.get('loss_scaler'), fp16_meta.get('stats'),
-                                  fp16_meta.get('master_params'), grads),
-                      step, owner, engine.grad_params(optimizer))
-        self._restored_iter = None if grads is None else step
+        engine.resume(resume, step, owner, engine.grad_params(optimizer))
+        self._restored_iter = None if resume.pending is None else step
         # Restored: the tensors leave runner.meta until the next update saves them again,
         # since mmcv's TextLoggerHook writes runner.meta to its JSON log in before_run.
         fp16_meta.pop('master_params', None)
         fp16_meta.pop('pending_window', None)
+
+    def _make_engine(self, optimizer: Any, model: nn.Module, backend: str, spec: Any,
+                     params: List[Any], owner: str) -> StepEngine:
+        """The engine for ``backend``; the model is converted once the engine is made."""
+        if backend == 'legacy':
+            legacy = LegacyEngine(optimizer, spec, self.dtype, owner, self.nonfinite, self._clip)
+            if self.distributed:
+                legacy.reduce = self._reduce
+            wrap_fp16_model(model, self.dtype, backend='legacy')
+            return legacy
+        wrap_fp16_model(model, self.dtype, backend='native')
+        first = params[:1]
+        return NativeEngine(spec, self.dtype, lambda: first[0].device.type if first else 'cpu',
+                            self.nonfinite, self._clip)
 
     def _grad_params(self) -> List[Any]:
         """The tensors whose ``.grad`` accumulates over a window."""
@@ -436,9 +448,7 @@ class Fp16OptimizerHook(_RunnerHook):
             self._steps_taken += 1
         if self._guard is not None:
             self._guard.record(result.skipped, engine.at_scale_floor)
-        if runner.meta is None:
-            runner.meta = {}
-        runner.meta.setdefault('fp16', {}).update(engine.checkpoint())
+        _fp16_slot(runner).update(engine.checkpoint())
         self._publish(runner, result)
 
     def _publish(self, runner: Any, result: StepResult) -> None:
@@ -557,13 +567,11 @@ class GradientCumulativeFp16OptimizerHook(Fp16OptimizerHook):
             self._update(runner)
             self._zero_grad(runner)
             if runner.meta:
-                runner.meta.get('fp16', {}).pop('pending_window', None)
+                _fp16_slot(runner).pop('pending_window', None)
         else:
             # A checkpoint saved now keeps the window's gradients (references: the
             # checkpoint hook serialises them after this hook has run).
-            if runner.meta is None:
-                runner.meta = {}
-            runner.meta.setdefault('fp16', {})['pending_window'] = {
+            _fp16_slot(runner)['pending_window'] = {
                 'iter': it + 1, 'grads': pending_grads(self._grad_params(), copy=False)}
             self._publish(runner, accumulating_result(engine))
 

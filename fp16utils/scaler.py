@@ -20,7 +20,15 @@ from typing import Any, Iterable, Mapping, Optional
 import torch
 
 from . import _torch
-from ._spec import MMCV_STATE_KEYS, positive_finite
+from ._spec import (
+    MIN_LOSS_SCALE,
+    MMCV_STATE_KEYS,
+    check_scale,
+    check_scaler_state,
+    grow_scale,
+    positive_finite,
+    shrink_scale,
+)
 
 __all__ = ['LossScaler', 'non_finite_check_']
 
@@ -153,13 +161,15 @@ class LossScaler:
     """Loss scaler for float16 training, compatible with mmcv's.
 
     In ``'dynamic'`` mode the scale is divided by ``scale_factor`` (never
-    below 1) after an overflow, and multiplied by it after every
-    ``scale_window`` clean iterations since the last overflow. In ``'static'``
+    below 1, and never raised: a scale already below 1 stays) after an
+    overflow, and multiplied by it after every ``scale_window`` clean
+    iterations since the last overflow, up to :data:`~fp16utils._spec.MAX_LOSS_SCALE`
+    (2**127, the largest power of two a float32 holds). In ``'static'``
     mode the scale never changes; an overflow is still detected, so a
     non-finite gradient is never applied.
 
     Args:
-        init_scale: Initial scale.
+        init_scale: Initial scale, a number in (0, 2**127].
         mode: ``'dynamic'`` or ``'static'``.
         scale_factor: Factor of growth and backoff (> 1).
         scale_window: Clean iterations between growths (>= 1).
@@ -176,7 +186,7 @@ class LossScaler:
         if mode not in ('dynamic', 'static'):
             raise ValueError(
                 f"LossScaler mode must be 'dynamic' or 'static', got {mode!r}.")
-        _check_positive('init_scale', init_scale)
+        check_scale(init_scale, 'LossScaler', 'init_scale')
         _check_positive('scale_factor', scale_factor)
         if scale_factor <= 1 and mode == 'dynamic':
             raise ValueError(
@@ -260,10 +270,11 @@ class LossScaler:
         if self.mode != 'dynamic':
             return
         if overflow:
-            self.cur_scale = max(self.cur_scale / self.scale_factor, 1.0)
+            self.cur_scale = shrink_scale(self.cur_scale, self.cur_scale / self.scale_factor,
+                                          MIN_LOSS_SCALE)
             self.last_overflow_iter = self.cur_iter
         elif (self.cur_iter - self.last_overflow_iter) % self.scale_window == 0:
-            self.cur_scale *= self.scale_factor
+            self.cur_scale = grow_scale(self.cur_scale, self.scale_factor)
         self.cur_iter += 1
 
     def state_dict(self) -> dict[str, Any]:
@@ -279,7 +290,10 @@ class LossScaler:
         """Restore a state written by :meth:`state_dict` (or by mmcv).
 
         Raises:
-            KeyError: When a key is missing; nothing is changed then.
+            KeyError: When a key is missing.
+            ValueError: An unknown key, or a value of the wrong type or range
+                (a non-finite scale, ``scale_window`` < 1, ...); the message
+                names the key and the value. Nothing is changed on an error.
 
         Example:
             >>> a, b = LossScaler(init_scale=8.), LossScaler()
@@ -291,10 +305,10 @@ class LossScaler:
             raise KeyError(
                 f'LossScaler state is missing {missing}; expected the keys {MMCV_STATE_KEYS} '
                 'as written by LossScaler.state_dict().')
-        if state_dict['mode'] not in ('dynamic', 'static'):
-            raise ValueError(f"LossScaler state has mode {state_dict['mode']!r}.")
+        check_scaler_state(state_dict, 'LossScaler.load_state_dict()')
         for key in MMCV_STATE_KEYS:
-            setattr(self, key, state_dict[key])
+            value = state_dict[key]
+            setattr(self, key, float(value) if key in ('cur_scale', 'scale_factor') else value)
 
     def __repr__(self) -> str:
         return (f'LossScaler(cur_scale={self.cur_scale}, mode={self.mode!r}, '

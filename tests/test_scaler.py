@@ -21,7 +21,11 @@ STATE_KEYS = {'cur_scale', 'cur_iter', 'mode', 'last_overflow_iter', 'scale_fact
 
 
 class MmcvLossScaler:
-    """mmcv 1.x LossScaler's update rule, written out as the reference."""
+    """mmcv 1.x LossScaler's update rule, written out as the reference.
+
+    Two documented differences: the scale stops growing at 2**127 (mmcv's grows to
+    inf), and an overflow never raises a scale that is already below 1.
+    """
 
     def __init__(self, init_scale=2**32, mode='dynamic', scale_factor=2., scale_window=1000):
         self.cur_scale = init_scale
@@ -35,11 +39,11 @@ class MmcvLossScaler:
         if self.mode != 'dynamic':
             return
         if overflow:
-            self.cur_scale = max(self.cur_scale / self.scale_factor, 1)
+            self.cur_scale = max(self.cur_scale / self.scale_factor, min(1, self.cur_scale))
             self.last_overflow_iter = self.cur_iter
         else:
             if (self.cur_iter - self.last_overflow_iter) % self.scale_window == 0:
-                self.cur_scale *= self.scale_factor
+                self.cur_scale = min(self.cur_scale * self.scale_factor, 2.0**127)
         self.cur_iter += 1
 
 

@@ -80,26 +80,35 @@ class _ObservedScaler:
 
     _fp16utils_base: type
     _fp16utils_changes = 0
+    _fp16utils_check: Any = None
 
     def load_state_dict(self, state_dict: Any) -> None:
+        if self._fp16utils_check is not None:
+            self._fp16utils_check(state_dict)
         super().load_state_dict(state_dict)  # type: ignore[misc]
         self._fp16utils_changes += 1
 
     def update(self, new_scale: Any = None) -> None:
+        if new_scale is not None and self._fp16utils_check is not None:
+            value = new_scale.item() if isinstance(new_scale, torch.Tensor) else new_scale
+            self._fp16utils_check(dict(self.state_dict(), scale=value))  # type: ignore
         super().update(new_scale)  # type: ignore[misc]
         if new_scale is not None:
             self._fp16utils_changes += 1
 
-    def __reduce_ex__(self, protocol: Any) -> Any:
+    def _fp16utils_plain_state(self) -> dict[str, Any]:
         state = self.__getstate__()  # type: ignore[misc]
         state.pop('_fp16utils_changes', None)
-        return _plain_grad_scaler, (self._fp16utils_base, state)
+        state.pop('_fp16utils_check', None)
+        return state
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        return _plain_grad_scaler, (self._fp16utils_base, self._fp16utils_plain_state())
 
     def __deepcopy__(self, memo: Any) -> Any:
         import copy
 
-        state = copy.deepcopy(self.__getstate__(), memo)  # type: ignore[misc]
-        state.pop('_fp16utils_changes', None)
+        state = copy.deepcopy(self._fp16utils_plain_state(), memo)
         return _plain_grad_scaler(self._fp16utils_base, state)
 
 
@@ -112,11 +121,17 @@ def _plain_grad_scaler(cls: type, state: dict[str, Any]) -> Any:
 _OBSERVED_CLASSES: dict[type, type] = {}
 
 
-def observe_grad_scaler(scaler: Any) -> Any:
+def observe_grad_scaler(scaler: Any, check: Any = None) -> Any:
     """Make ``scaler`` count the state changes made to it from outside fp16utils.
 
     Read the count with :func:`grad_scaler_changes`. The scaler stays an
     instance of its class (a subclass is swapped in).
+
+    Args:
+        scaler: A GradScaler.
+        check: Called with each state loaded from outside (and with the state
+            an outside ``update(new_scale)`` would make) before it is applied;
+            it raises to refuse it. None: no check.
 
     Example:
         >>> scaler = observe_grad_scaler(make_grad_scaler('cpu', init_scale=8.0))
@@ -126,6 +141,8 @@ def observe_grad_scaler(scaler: Any) -> Any:
         (1, 4.0)
     """
     base = type(scaler)
+    if check is not None:
+        scaler._fp16utils_check = check
     if isinstance(scaler, _ObservedScaler):
         return scaler
     cls = _OBSERVED_CLASSES.get(base)

@@ -30,7 +30,13 @@ Example:
     (65536.0, 0)
 """
 
-from .base import ResumeState, StepEngine, flat_params, pending_grads
+from .base import ResumeState, StepEngine, flat_params, pending_grads, resume_state_from_meta
+from .checks import (
+    check_optimizer_state,
+    check_tensors,
+    load_optimizer_state,
+    snapshot_optimizer,
+)
 from .guard import GUARD_ACTIONS, OverflowGuard
 from .legacy import LegacyEngine
 from .native import NativeEngine
@@ -39,4 +45,5 @@ from .window import AccumulationWindow
 
 __all__ = ['AccumulationWindow', 'GUARD_ACTIONS', 'LegacyEngine', 'NativeEngine',
            'OverflowGuard', 'ResumeState', 'StepEngine', 'StepResult', 'accumulating_result',
-           'flat_params', 'pending_grads', 'take_step']
+           'check_optimizer_state', 'check_tensors', 'flat_params', 'load_optimizer_state',
+           'pending_grads', 'resume_state_from_meta', 'snapshot_optimizer', 'take_step']

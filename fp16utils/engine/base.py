@@ -20,16 +20,12 @@ import torch
 from torch import nn
 
 from .. import _torch
-from .._spec import (
-    SCALE_HISTORY_LEN,
-    check_state_keys,
-    nonfinite_error,
-    positive_finite,
-)
+from .._spec import SCALE_HISTORY_LEN, check_scaler_state, check_stats, nonfinite_error
 from ..scaler import non_finite_check_
+from .checks import check_tensors
 
 __all__ = ['Clip', 'ResumeState', 'StepEngine', 'check_pending', 'flat_params',
-           'pending_grads']
+           'pending_grads', 'resume_state_from_meta']
 
 logger = logging.getLogger('fp16utils')
 
@@ -77,14 +73,9 @@ def pending_grads(params: List[_Tensor], copy: bool) -> List[Optional[_Tensor]]:
     return [p.grad for p in params]
 
 
-def check_pending(params: List[_Tensor], grads: List[Optional[_Tensor]], owner: str) -> None:
-    """Raise when saved pending gradients do not fit ``params``."""
-    if len(grads) != len(params) or any(
-            g is not None and g.shape != p.shape for p, g in zip(params, grads)):
-        raise ValueError(
-            f'{owner}: the saved pending gradients ({len(grads)} tensors) do not match the '
-            f'{len(params)} parameters here; load a state saved from the same model and '
-            'optimizer.')
+def check_pending(params: List[_Tensor], grads: Any, owner: str) -> List[Optional[_Tensor]]:
+    """Raise when saved pending gradients do not fit ``params``; return them as a list."""
+    return check_tensors(grads, params, 'pending gradients', owner, allow_none=True)
 
 
 def _restore_grads(params: List[_Tensor], grads: List[Optional[_Tensor]]) -> None:
@@ -103,6 +94,46 @@ class ResumeState(NamedTuple):
     masters: Optional[List[_Tensor]] = None
     #: The gradients of an unfinished accumulation window, or None.
     pending: Optional[List[Optional[_Tensor]]] = None
+
+
+def resume_state_from_meta(meta: Any, step: int, owner: str
+                           ) -> Tuple[Dict[str, Any], ResumeState]:
+    """Read what the 0.x hooks keep in ``runner.meta['fp16']``; raise when it is malformed.
+
+    Args:
+        meta: ``runner.meta`` (a dict or None).
+        step: The iteration the run resumes at: a pending window saved for
+            another iteration is left out.
+        owner: Who resumes, for error messages.
+
+    Returns:
+        ``runner.meta['fp16']`` (an empty dict when absent) and what it holds.
+
+    Example:
+        >>> resume_state_from_meta(None, 0, 'hook')
+        ({}, ResumeState(scaler=None, stats=None, masters=None, pending=None))
+    """
+    if meta is not None and not isinstance(meta, Mapping):
+        raise TypeError(f'{owner}: runner.meta must be a dict or None, got '
+                        f'{type(meta).__name__} {meta!r}.')
+    fp16_meta = (meta or {}).get('fp16')
+    if fp16_meta is not None and not isinstance(fp16_meta, Mapping):
+        raise TypeError(f"{owner}: runner.meta['fp16'] must be a dict (the loss scaler "
+                        f'state and the statistics), got {type(fp16_meta).__name__} '
+                        f'{fp16_meta!r}.')
+    fp16_meta = fp16_meta or {}
+    pending = fp16_meta.get('pending_window')
+    grads = None
+    if pending is not None:
+        it = pending.get('iter') if isinstance(pending, Mapping) else None
+        if not (isinstance(it, int) and not isinstance(it, bool) and it >= 0) or (
+                'grads' not in pending):
+            raise ValueError(f"{owner}: runner.meta['fp16']['pending_window'] must be a dict "
+                             f"{{'iter': an int >= 0, 'grads': a list}}, got {pending!r}.")
+        if it == step:
+            grads = pending['grads']
+    return fp16_meta, ResumeState(fp16_meta.get('loss_scaler'), fp16_meta.get('stats'),
+                                  fp16_meta.get('master_params'), grads)
 
 
 class StepEngine:
@@ -242,41 +273,56 @@ class StepEngine:
             step: The iteration the run resumes at (for the scale history).
             owner: Who resumes, for error messages.
             grad_params: Where pending gradients go back (see :meth:`grad_params`).
-            load_optimizer: Loads the optimizer state, after the checks.
+            load_optimizer: Loads the optimizer state, after the checks; it must
+                leave the optimizer as it was when it raises.
             reread_masters: Without saved masters, re-read them from the model.
+        """
+        commit = self.prepare_resume(state, step, owner, grad_params, reread_masters)
+        if load_optimizer is not None:
+            load_optimizer()
+        commit()
+
+    def prepare_resume(self, state: ResumeState, step: int, owner: str,
+                       grad_params: List[_Tensor], reread_masters: bool = False
+                       ) -> Callable[[], None]:
+        """Check everything :meth:`resume` would load; return what loads it (cannot fail).
+
+        Raises:
+            TypeError, KeyError, ValueError: Naming the entry that does not fit;
+                nothing is changed then.
         """
         scaler_state = state.scaler or None
         if scaler_state is not None:
             self._check_scaler_state(scaler_state, owner)
+        pending = None
         if state.pending is not None:
-            check_pending(grad_params, list(state.pending), owner)
-        self._check_masters(state.masters, owner)
-        if load_optimizer is not None:
-            load_optimizer()
-        stats = state.stats
-        if stats:  # first: loading the scale then notes it when it differs
-            self.skipped_steps = int(stats['skipped_steps'])
-            self.scale_history = [(int(s), float(v)) for s, v in stats['scale_history']
-                                  ][-SCALE_HISTORY_LEN:]
-        if self.enabled and scaler_state is not None:
-            self._load_scaler_state(scaler_state)
-            self._note_scale(step, self.loss_scale)
-        self._load_masters(state.masters, reread_masters)
-        if state.pending is not None:
-            _restore_grads(grad_params, list(state.pending))
+            pending = check_pending(grad_params, state.pending, owner)
+        masters = self._check_masters(state.masters, owner)
+        stats = check_stats(state.stats, owner) if state.stats else None
+
+        def commit() -> None:
+            if stats is not None:  # first: loading the scale then notes it when it differs
+                self.skipped_steps = stats[0]
+                self.scale_history = stats[1][-SCALE_HISTORY_LEN:]
+            if self.enabled and scaler_state is not None:
+                self._load_scaler_state(scaler_state)
+                self._note_scale(step, self.loss_scale)
+            self._load_masters(masters, reread_masters)
+            if pending is not None:
+                _restore_grads(grad_params, pending)
+
+        return commit
 
     def _check_scaler_state(self, state: Mapping[str, Any], owner: str) -> None:
-        """Raise, naming the problem, when ``state`` cannot be loaded."""
-        scale = state['cur_scale' if check_state_keys(state, owner) == 'mmcv' else 'scale']
-        if not positive_finite(scale):
-            raise ValueError(f'{owner}: the loss scaler state has scale {scale!r}; expected '
-                             'a finite number > 0.')
+        """Raise, naming the key and the value, when ``state`` cannot be loaded."""
+        check_scaler_state(state, owner)
 
     def _load_scaler_state(self, state: Mapping[str, Any]) -> None:
         """Load a checked scaler state (either format)."""
 
-    def _check_masters(self, masters: Optional[List[_Tensor]], owner: str) -> None:
-        """Raise when saved master weights do not fit."""
+    def _check_masters(self, masters: Any, owner: str) -> Optional[List[_Tensor]]:
+        """Raise when saved master weights do not fit; return them as a list (or None)."""
+        return None
 
     def _load_masters(self, masters: Optional[List[_Tensor]], reread: bool) -> None:
         """Restore checked master weights."""

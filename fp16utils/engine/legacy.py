@@ -23,6 +23,7 @@ from .. import _torch
 from .._spec import ScaleSpec, grad_scaler_to_mmcv_state, nonfinite_error
 from ..scaler import LossScaler, non_finite_check_
 from .base import Clip, StepEngine, flat_params
+from .checks import check_tensors
 
 __all__ = ['LegacyEngine']
 
@@ -64,6 +65,12 @@ class LegacyEngine(StepEngine):
                 f'{owner}: the legacy backend needs an optimizer built on the float32 '
                 f'model, but it holds {bad} parameters; build the optimizer before the '
                 'model is converted to half, and let the wrapper convert it.')
+        if any(p.is_meta for p in originals):
+            raise ValueError(
+                f'{owner}: the optimizer holds parameters on the meta device (no data), and '
+                'the legacy backend copies them into float32 master weights now; materialise '
+                'the model first (model.to_empty(device=...) and initialise it), then build '
+                'the optimizer and the wrapper.')
         if len({id(p) for p in originals}) != len(originals):
             raise ValueError(f'{owner}: a parameter appears twice in the optimizer\'s '
                              'param_groups; give each parameter to one group only.')
@@ -79,12 +86,23 @@ class LegacyEngine(StepEngine):
             init_scale=spec.init_scale, mode='static' if spec.static else 'dynamic',
             scale_factor=spec.growth_factor, scale_window=spec.growth_interval)
         self.reduce: Optional[Callable[[List[nn.Parameter]], None]] = None
+        self.model_params: List[_Tensor] = []
+        self._masters: List[nn.Parameter] = []
+        self._groups = 0
+        self._owner = owner
+        self._adopt(optimizer, originals)
+        self.clip_params = self._masters
+        if self.enabled:
+            self._note_scale(0, self.loss_scaler.loss_scale)
+
+    def _adopt(self, optimizer: torch.optim.Optimizer, originals: List[_Tensor]) -> None:
+        """Give the param groups from ``self._groups`` on float32 masters of ``originals``."""
         with torch.no_grad():
             masters = [nn.Parameter(p.detach().clone(memory_format=torch.preserve_format),
                                     requires_grad=p.requires_grad) for p in originals]
         mapping = {p: m for p, m in zip(originals, masters)}
         start = 0
-        for group in optimizer.param_groups:
+        for group in optimizer.param_groups[self._groups:]:
             count = len(group['params'])
             group['params'] = masters[start:start + count]
             start += count
@@ -92,11 +110,41 @@ class LegacyEngine(StepEngine):
         for key, value in optimizer.state.items():
             state[mapping.get(key, key)] = value
         optimizer.state = state
-        self.model_params: List[_Tensor] = originals
-        self._masters: List[nn.Parameter] = masters
-        self.clip_params = masters
-        if self.enabled:
-            self._note_scale(0, self.loss_scaler.loss_scale)
+        self.model_params.extend(originals)
+        self._masters.extend(masters)
+        self._groups = len(optimizer.param_groups)
+
+    def adopt_added_groups(self, optimizer: torch.optim.Optimizer) -> None:
+        """Give float32 masters to param groups added since wrapping (``add_param_group``).
+
+        The added parameters must be float32 (they are stepped through masters
+        like the others) and new to the optimizer; otherwise a ValueError is
+        raised and nothing changes. Only appended groups are seen, not
+        parameters appended to an existing group's list.
+
+        Example:
+            >>> import torch
+            >>> from fp16utils._spec import MMCV_DYNAMIC
+            >>> optimizer = torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1)
+            >>> engine = LegacyEngine(optimizer, MMCV_DYNAMIC, torch.float16, 'example')
+            >>> optimizer.add_param_group({'params': [torch.nn.Parameter(torch.ones(3))]})
+            >>> engine.adopt_added_groups(optimizer); len(engine.masters)
+            3
+        """
+        if len(optimizer.param_groups) == self._groups:
+            return
+        added = [p for g in optimizer.param_groups[self._groups:] for p in g['params']]
+        known = {id(p) for p in self.model_params}
+        bad = [p for p in added if p.dtype != torch.float32 or id(p) in known]
+        if bad or len({id(p) for p in added}) != len(added):
+            raise ValueError(
+                f'{self._owner}: a param group was added to the optimizer after wrapping '
+                f'(add_param_group) with {len(added)} parameters of dtypes '
+                f'{sorted({str(p.dtype) for p in added})}; the legacy backend steps float32 '
+                'master copies, so an added group must hold float32 parameters that the '
+                'optimizer does not hold yet. Add the parameters before wrapping (before the '
+                'model is converted to half), or remove the group. Nothing was changed.')
+        self._adopt(optimizer, added)
 
     @property
     def loss_scale(self) -> float:
@@ -134,13 +182,22 @@ class LegacyEngine(StepEngine):
                 torch._foreach_zero_(grads)
 
     def copy_grads_to_masters(self) -> List[_Tensor]:
-        """Copy the model's gradients into the masters' (float32); return those."""
+        """Copy the model's gradients into the masters' (float32); return those.
+
+        A sparse gradient (``nn.Embedding(sparse=True)``) becomes a float32
+        sparse master gradient; its values tensor is returned.
+        """
         src: List[_Tensor] = []
         dst: List[_Tensor] = []
+        sparse: List[_Tensor] = []
         for p, m in zip(self.model_params, self._masters):
             grad = p.grad
             if grad is None:
                 m.grad = None
+                continue
+            if grad.is_sparse:
+                m.grad = grad.to(torch.float32, copy=True)
+                sparse.append(m.grad._values())
                 continue
             mgrad = m.grad
             if mgrad is None:
@@ -149,7 +206,7 @@ class LegacyEngine(StepEngine):
             dst.append(mgrad)
         if dst:
             _torch.foreach_copy_(dst, src)
-        return dst
+        return dst + sparse if sparse else dst
 
     def copy_masters_to_model(self) -> None:
         """Copy the float32 masters into the (half) model's parameters."""
@@ -158,6 +215,7 @@ class LegacyEngine(StepEngine):
 
     def step(self, optimizer: torch.optim.Optimizer, step: int,
              kwargs: Mapping[str, Any]) -> bool:
+        self.adopt_added_groups(optimizer)
         grads = self.copy_grads_to_masters()
         if self.reduce is not None:
             self.reduce(self._masters)
@@ -193,13 +251,10 @@ class LegacyEngine(StepEngine):
             state = grad_scaler_to_mmcv_state(state, self.loss_scaler.mode == 'static')
         self.loss_scaler.load_state_dict(state)
 
-    def _check_masters(self, masters: Optional[List[_Tensor]], owner: str) -> None:
-        if masters is not None and (len(masters) != len(self._masters) or any(
-                a.shape != b.shape for a, b in zip(masters, self._masters))):
-            raise ValueError(
-                f'{owner}: the saved master weights ({len(masters)} tensors) do not match '
-                f"this optimizer's {len(self._masters)} parameters; load a state saved "
-                'from the same model and optimizer.')
+    def _check_masters(self, masters: Any, owner: str) -> Optional[List[_Tensor]]:
+        if masters is None:
+            return None
+        return check_tensors(masters, self._masters, 'master weights', owner, allow_none=False)
 
     def _load_masters(self, masters: Optional[List[_Tensor]], reread: bool) -> None:
         with torch.no_grad():

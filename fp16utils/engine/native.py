@@ -15,7 +15,15 @@ from typing import Any, Callable, Dict, Mapping, Optional
 import torch
 
 from .. import _torch
-from .._spec import MIN_LOSS_SCALE, ScaleSpec, mmcv_to_grad_scaler_state, nonfinite_error
+from .._spec import (
+    MAX_LOSS_SCALE,
+    MIN_LOSS_SCALE,
+    ScaleSpec,
+    check_scaler_state,
+    mmcv_to_grad_scaler_state,
+    nonfinite_error,
+    shrink_scale,
+)
 from .base import Clip, StepEngine
 
 __all__ = ['NativeEngine']
@@ -100,7 +108,7 @@ class NativeEngine(StepEngine):
                 growth_interval=self._growth_interval, enabled=self.enabled)
             if self.enabled:
                 scaler.load_state_dict(self._mirror())
-                scaler = _torch.observe_grad_scaler(scaler)
+                scaler = _torch.observe_grad_scaler(scaler, self._check_outside_state)
                 self._seen_changes = _torch.grad_scaler_changes(scaler)
             self._scaler = scaler
         return scaler
@@ -115,6 +123,14 @@ class NativeEngine(StepEngine):
     @property
     def at_scale_floor(self) -> bool:
         return self.enabled and not self.static and self.loss_scale <= self._min_scale
+
+    @staticmethod
+    def _check_outside_state(state: Any) -> None:
+        """Refuse a state loaded into the GradScaler from outside that is not usable."""
+        if check_scaler_state(state, 'GradScaler.load_state_dict()') != 'torch':
+            raise KeyError("GradScaler.load_state_dict() takes GradScaler.state_dict()'s keys, "
+                           "got mmcv LossScaler's; load it through the wrapper's (or hook's) "
+                           'load_state_dict instead.')
 
     def _follow_scaler(self) -> None:
         """When somebody else changed the GradScaler, take its state as the truth."""
@@ -175,20 +191,33 @@ class NativeEngine(StepEngine):
             if skipped and self.nonfinite == 'raise':
                 raise nonfinite_error(step, f'with the static loss scale {old}')
         elif skipped:
-            quiet(scaler)
-            self._tracker = 0
-            self._scale = scaler.get_scale()
-            if self._scale < self._min_scale:
-                quiet(scaler, self._min_scale)
-                self._scale = self._min_scale
+            self._back_off(scaler, old)
         else:
-            quiet(scaler)
-            self._tracker += 1
-            if self._tracker == self._growth_interval:
-                self._tracker = 0
-                self._scale = scaler.get_scale()
+            self._count_clean_step(scaler)
         self._record(step, skipped, old, self._scale)
         return skipped
+
+    def _back_off(self, scaler: Any, old: float) -> None:
+        """After an overflow: GradScaler's backoff, floored, and never above ``old``."""
+        _torch.quiet_grad_scaler_update(scaler)
+        self._tracker = 0
+        backed_off = scaler.get_scale()
+        scale = shrink_scale(old, backed_off, self._min_scale)
+        if scale != backed_off:
+            _torch.quiet_grad_scaler_update(scaler, scale)
+        self._scale = scale
+
+    def _count_clean_step(self, scaler: Any) -> None:
+        """After a clean step: GradScaler's growth, every interval, up to the ceiling."""
+        _torch.quiet_grad_scaler_update(scaler)
+        self._tracker += 1
+        if self._tracker == self._growth_interval:
+            self._tracker = 0
+            grown = scaler.get_scale()
+            if not grown <= MAX_LOSS_SCALE:  # float32 overflowed to inf
+                grown = MAX_LOSS_SCALE
+                _torch.quiet_grad_scaler_update(scaler, grown)
+            self._scale = grown
 
     def state_dict(self) -> Dict[str, Any]:
         """``GradScaler.state_dict()``, built from the host mirror (no sync)."""

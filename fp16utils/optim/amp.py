@@ -14,9 +14,11 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
+import threading
 import weakref
-from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 import torch
 from torch import nn
@@ -29,13 +31,58 @@ from ..scaler import LossScaler
 from ..wrap import wrap_fp16_model
 from .wrapper import _NULL_CONTEXT, OptimWrapper
 
-__all__ = ['AmpOptimWrapper', 'resolve_cast_dtype']
+__all__ = ['AmpOptimWrapper', 'deferred_model_conversion', 'resolve_cast_dtype']
 
 _Tensor = torch.Tensor
 _UNSET: Any = object()
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 #: Full precision dtypes MMEngine accepts: the forward then runs without autocast.
 _FULL_PRECISION = {'float32': torch.float32, 'float64': torch.float64}
+
+
+#: Per thread: where legacy model conversions wait while :func:`deferred_model_conversion` runs.
+_deferred = threading.local()
+
+
+@contextlib.contextmanager
+def deferred_model_conversion() -> Iterator[List[Callable[[], Any]]]:
+    """Collect the legacy backend's model conversions instead of running them.
+
+    Inside the block, an :class:`AmpOptimWrapper` on the legacy backend
+    appends its model's conversion to half to the yielded list instead of
+    converting; the caller runs them once every wrapper is built, so that an
+    error building a later one leaves every model as it was.
+
+    Example:
+        >>> import torch
+        >>> model = torch.nn.Linear(2, 1)
+        >>> with deferred_model_conversion() as conversions:
+        ...     wrapper = AmpOptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1),
+        ...                               backend='legacy', model=model)
+        >>> model.weight.dtype, len(conversions)
+        (torch.float32, 1)
+        >>> for convert in conversions:
+        ...     _ = convert()
+        >>> model.weight.dtype
+        torch.float16
+    """
+    outer = getattr(_deferred, 'pending', None)
+    pending: List[Callable[[], Any]] = []
+    _deferred.pending = pending
+    try:
+        yield pending
+    finally:
+        _deferred.pending = outer
+
+
+def _convert_model(model: nn.Module, dtype: torch.dtype) -> None:
+    """Convert ``model`` for the legacy backend now, or later inside a deferral."""
+    convert = functools.partial(wrap_fp16_model, model, dtype, backend='legacy')
+    pending = getattr(_deferred, 'pending', None)
+    if pending is None:
+        convert()
+    else:
+        pending.append(convert)
 
 
 def resolve_cast_dtype(dtype: Any) -> torch.dtype:
@@ -235,13 +282,14 @@ class AmpOptimWrapper(OptimWrapper):
                     f'FSDP; got dtype={self.dtype}, use_fsdp={use_fsdp}: use '
                     "backend='native'.")
             self._engine = LegacyEngine(optimizer, spec, self.dtype, owner, nonfinite, clip)
-            wrap_fp16_model(model, self.dtype, backend='legacy')
+            _convert_model(model, self.dtype)
         else:
             self._engine = NativeEngine(spec, self.dtype, self._param_device_type, nonfinite,
                                         clip, agree_across_ranks=use_fsdp)
 
     def _param_device_type(self) -> str:
-        return flat_params(self.optimizer)[0].device.type
+        params = flat_params(self.optimizer)
+        return params[0].device.type if params else 'cpu'  # no parameter: nothing to step
 
     # -- read-only state --------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from torch import nn
 
 from .. import _torch
 from .._spec import PLUGIN_NAMES, check_positive_int, parse_clip_grad, parse_loss_scale
-from .amp import AmpOptimWrapper, resolve_cast_dtype
+from .amp import AmpOptimWrapper, deferred_model_conversion, resolve_cast_dtype
 from .constructor import check_paramwise_cfg, paramwise_groups
 from .wrapper import OptimWrapper
 from .wrapper_dict import OptimWrapperDict
@@ -223,5 +223,12 @@ def build_optim_wrapper(model: nn.Module, cfg: Mapping[str, Any]
         plans.append((name, module, _plan(entry, where)))
     optimizers = [(name, module, plan, _make_optimizer(plan, module))
                   for name, module, plan in plans]
-    return OptimWrapperDict(**{name: _make_wrapper(plan, optimizer, module)
-                               for name, module, plan, optimizer in optimizers})
+    # Every wrapper is built before any (sub-)model is converted to half (legacy backend),
+    # so that an error in a later entry leaves the whole model as it was.
+    with deferred_model_conversion() as conversions:
+        wrappers = {name: _make_wrapper(plan, optimizer, module)
+                    for name, module, plan, optimizer in optimizers}
+        result = OptimWrapperDict(**wrappers)
+    for convert in conversions:
+        convert()
+    return result

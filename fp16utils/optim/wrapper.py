@@ -29,7 +29,10 @@ from ..engine import (
     StepEngine,
     StepResult,
     accumulating_result,
+    check_optimizer_state,
+    load_optimizer_state,
     pending_grads,
+    snapshot_optimizer,
     take_step,
 )
 
@@ -46,6 +49,43 @@ def _check_optimizer(optimizer: Any, owner: str) -> None:
         raise TypeError(
             f'{owner} wraps a torch.optim.Optimizer, got {type(optimizer).__name__}; build '
             'one first, e.g. torch.optim.SGD(model.parameters(), lr=0.01).')
+
+
+def _check_pending_window(pending: Any, owner: str) -> int:
+    """Check a saved ``pending_window``; return its iteration count."""
+    count = pending.get('inner_count') if isinstance(pending, Mapping) else None
+    if not (isinstance(count, int) and not isinstance(count, bool) and count >= 0) or (
+            'grads' not in pending):
+        raise ValueError(f"{owner}: the saved pending_window must be a dict {{'inner_count': "
+                         f"an int >= 0, 'grads': a list}}, got {pending!r}.")
+    return count
+
+
+class _Load:
+    """A checked state, loaded in two stages so that several can be loaded all or nothing.
+
+    :meth:`load_optimizer` is the one stage that can still fail (the
+    optimizer's own ``load_state_dict``); it rolls itself back, and
+    :meth:`undo_optimizer` rolls it back later. :meth:`finish` loads the
+    rest, already checked, and cannot fail.
+    """
+
+    __slots__ = ('optimizer', 'state', 'finish', 'undo_optimizer')
+
+    def __init__(self, optimizer: Any, state: Dict[str, Any], finish: Any) -> None:
+        self.optimizer = optimizer
+        self.state = state
+        self.finish = finish
+        self.undo_optimizer = snapshot_optimizer(optimizer)
+
+    def load_optimizer(self) -> None:
+        """Load the optimizer state (rolled back when it raises)."""
+        load_optimizer_state(self.optimizer, self.state)
+
+    def commit(self) -> None:
+        """Load everything."""
+        self.load_optimizer()
+        self.finish()
 
 
 class OptimWrapper:
@@ -382,25 +422,47 @@ class OptimWrapper:
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Load a state written by :meth:`state_dict` (the argument is not changed).
 
-        Everything is checked before anything is loaded, so a state that does
-        not fit raises and leaves the wrapper as it was.
+        All or nothing: everything is checked before anything is loaded (the
+        scaler state, the statistics, the master weights, the pending window,
+        ``base_param_settings`` and the optimizer state's groups), and an
+        optimizer that refuses its state halfway is rolled back, so a state
+        that does not fit raises and leaves the wrapper, its optimizer and its
+        counters as they were.
         """
+        self._prepare_load(state_dict).commit()
+
+    def _prepare_load(self, state_dict: Any) -> _Load:
+        """Check ``state_dict`` completely; return what loads it (see :class:`_Load`)."""
+        owner = type(self).__name__
+        if not isinstance(state_dict, Mapping):
+            raise TypeError(f'{owner}.load_state_dict() takes a dict as written by '
+                            f'state_dict(), got {type(state_dict).__name__}.')
         state = dict(state_dict)
         pending = state.pop('pending_window', None)
         base = state.pop('base_param_settings', None)
         resume = self._resume_state(state)
+        inner_count = None
         if pending is not None:
-            resume = resume._replace(pending=list(pending['grads']))
-        self._engine.resume(resume, self._inner_count, type(self).__name__,
-                            self._engine.grad_params(self.optimizer),
-                            load_optimizer=lambda: self.optimizer.load_state_dict(state),
-                            reread_masters=True)
-        if base is not None:
-            self.base_param_settings = base
-        if pending is None:
-            self._restored_count = None
-        else:
-            self._inner_count = self._restored_count = int(pending['inner_count'])
+            inner_count = _check_pending_window(pending, owner)
+            resume = resume._replace(pending=pending['grads'])
+        if base is not None and not isinstance(base, Mapping):
+            raise ValueError(f'{owner}: the saved base_param_settings must be a dict (the '
+                             f'optimizer defaults), got {type(base).__name__} {base!r}.')
+        check_optimizer_state(self.optimizer, state, owner)
+        finish = self._engine.prepare_resume(resume, self._inner_count, owner,
+                                             self._engine.grad_params(self.optimizer),
+                                             reread_masters=True)
+
+        def rest() -> None:
+            finish()
+            if base is not None:
+                self.base_param_settings = dict(base)
+            if inner_count is None:
+                self._restored_count = None
+            else:
+                self._inner_count = self._restored_count = inner_count
+
+        return _Load(self.optimizer, state, rest)
 
     def __repr__(self) -> str:
         return (f'{type(self).__name__}(optimizer={type(self.optimizer).__name__}, '

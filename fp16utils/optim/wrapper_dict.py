@@ -161,14 +161,41 @@ class OptimWrapperDict:
         return {name: w.state_dict() for name, w in self.optim_wrappers.items()}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Load ``{name: state}``; an unknown name is a KeyError and nothing is loaded."""
+        """Load ``{name: state}``, all or nothing.
+
+        Every entry's state is checked before any is loaded, and if an
+        optimizer still refuses its state, the optimizers already loaded are
+        rolled back: a refused load leaves every entry as it was. An unknown
+        name is a KeyError.
+        """
+        if not isinstance(state_dict, Mapping):
+            raise TypeError(f'OptimWrapperDict.load_state_dict() takes {{name: state}}, got '
+                            f'{type(state_dict).__name__}.')
         unknown = [name for name in state_dict if name not in self.optim_wrappers]
         if unknown:
             raise KeyError(
                 f'OptimWrapperDict.load_state_dict() got states for {unknown}, which are not '
                 f'entries of this dict {list(self.optim_wrappers)}.')
+        loads = []
         for name, state in state_dict.items():
-            self.optim_wrappers[name].load_state_dict(state)
+            try:
+                loads.append(self.optim_wrappers[name]._prepare_load(state))
+            except (TypeError, KeyError, ValueError) as err:
+                if err.args and isinstance(err.args[0], str):
+                    err.args = (f'OptimWrapperDict entry {name!r}: {err.args[0]}',
+                                *err.args[1:])
+                raise
+        done: List[Any] = []
+        try:
+            for load in loads:
+                load.load_optimizer()
+                done.append(load)
+        except BaseException:
+            for load in reversed(done):
+                load.undo_optimizer()
+            raise
+        for load in loads:
+            load.finish()
 
     def __getitem__(self, name: str) -> OptimWrapper:
         try:

@@ -1,0 +1,162 @@
+"""Checks of saved state against what it is loaded into, and an optimizer load that rolls back.
+
+Everything a checkpoint holds is checked here before anything is changed, so
+that a refused load leaves the optimizer, the parameters and the counters as
+they were.
+
+Example:
+    >>> import torch
+    >>> p = torch.nn.Parameter(torch.ones(2))
+    >>> optimizer = torch.optim.SGD([p], lr=0.1)
+    >>> check_optimizer_state(optimizer, {'state': {}, 'param_groups': []}, 'example')
+    Traceback (most recent call last):
+    ...
+    ValueError: example: the saved optimizer state has 0 param groups, this optimizer 1; \
+load a state saved from the same model and optimizer configuration.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, List, Mapping, Optional
+
+import torch
+
+__all__ = ['check_optimizer_state', 'check_tensors', 'load_optimizer_state',
+           'snapshot_optimizer']
+
+_Tensor = torch.Tensor
+_TORCH_LOAD = torch.optim.Optimizer.load_state_dict
+
+
+def _same_setup(owner: str) -> str:
+    return f'{owner}: the saved optimizer state'
+
+
+def check_optimizer_state(optimizer: Any, state: Any, owner: str) -> None:
+    """Raise when ``state`` does not fit ``optimizer``'s param groups.
+
+    Checked: ``state`` is a dict with ``'state'`` (a dict) and
+    ``'param_groups'`` (a list of dicts with a ``'params'`` list); the number
+    of groups and of parameters per group match; every key of ``'state'`` is
+    a parameter index of the groups and its value a dict. Only optimizers that
+    load with torch's own ``Optimizer.load_state_dict`` are checked: another
+    (a stand-in, ``ZeroRedundancyOptimizer``, ...) has its own format, and its
+    own ``load_state_dict`` decides (rolled back when it raises).
+
+    Args:
+        optimizer: What the state is loaded into.
+        state: An ``optimizer.state_dict()``.
+        owner: Who loads it, for the message.
+
+    Example:
+        >>> p = torch.nn.Parameter(torch.ones(1))
+        >>> optimizer = torch.optim.SGD([p], lr=0.1)
+        >>> check_optimizer_state(optimizer, optimizer.state_dict(), 'example')
+    """
+    if getattr(type(optimizer), 'load_state_dict', None) is not _TORCH_LOAD:
+        return
+    where = _same_setup(owner)
+    hint = 'load a state saved from the same model and optimizer configuration.'
+    if not isinstance(state, Mapping) or not isinstance(state.get('state'), Mapping) or (
+            not isinstance(state.get('param_groups'), (list, tuple))):
+        keys = sorted(state, key=str) if isinstance(state, Mapping) else type(state).__name__
+        raise ValueError(f"{where} must be a dict with 'state' (a dict) and 'param_groups' "
+                         f'(a list), as optimizer.state_dict() writes it; got {keys}.')
+    saved = state['param_groups']
+    groups = optimizer.param_groups
+    if len(saved) != len(groups):
+        raise ValueError(f'{where} has {len(saved)} param groups, this optimizer '
+                         f'{len(groups)}; {hint}')
+    ids = set()
+    for index, (old, new) in enumerate(zip(saved, groups)):
+        params = old.get('params') if isinstance(old, Mapping) else None
+        if not isinstance(params, (list, tuple)):
+            raise ValueError(f"{where}: param group {index} must be a dict with a 'params' "
+                             f'list, got {old!r}.')
+        if len(params) != len(new['params']):
+            raise ValueError(f'{where}: param group {index} holds {len(params)} parameters, '
+                             f"this optimizer's {len(new['params'])}; {hint}")
+        ids.update(params)
+    if len(ids) != sum(len(g['params']) for g in groups):
+        raise ValueError(f'{where} lists a parameter index twice; {hint}')
+    for key, value in state['state'].items():
+        if key not in ids or not isinstance(value, Mapping):
+            raise ValueError(f'{where} has state for parameter index {key!r}, which its '
+                             'param groups do not list (or which is not a dict); ' + hint)
+
+
+def snapshot_optimizer(optimizer: Any) -> Callable[[], None]:
+    """Return a callable that puts ``optimizer``'s attributes back as they are now.
+
+    torch's ``load_state_dict`` replaces ``state`` and ``param_groups`` with
+    new objects, so keeping the old ones (no copy) is enough to roll back.
+
+    Example:
+        >>> p = torch.nn.Parameter(torch.ones(1))
+        >>> optimizer = torch.optim.SGD([p], lr=0.1)
+        >>> undo = snapshot_optimizer(optimizer)
+        >>> optimizer.param_groups = []
+        >>> undo(); len(optimizer.param_groups)
+        1
+    """
+    attrs = getattr(optimizer, '__dict__', None)
+    saved = None if attrs is None else dict(attrs)
+
+    def undo() -> None:
+        if saved is not None:
+            attrs.clear()
+            attrs.update(saved)
+
+    return undo
+
+
+def load_optimizer_state(optimizer: Any, state: Mapping[str, Any]) -> None:
+    """``optimizer.load_state_dict(state)``, rolled back when it raises halfway.
+
+    Example:
+        >>> p = torch.nn.Parameter(torch.ones(1))
+        >>> optimizer = torch.optim.SGD([p], lr=0.1)
+        >>> load_optimizer_state(optimizer, optimizer.state_dict())
+    """
+    undo = snapshot_optimizer(optimizer)
+    try:
+        optimizer.load_state_dict(state)
+    except BaseException:
+        undo()
+        raise
+
+
+def check_tensors(tensors: Any, params: List[_Tensor], what: str, owner: str,
+                  allow_none: bool) -> List[Optional[_Tensor]]:
+    """Check saved tensors against ``params`` (count, shape, floating dtype); return a list.
+
+    Args:
+        tensors: A list of tensors (None entries allowed when ``allow_none``).
+        params: What they belong to, in order.
+        what: What they are, for the message ("pending gradients", ...).
+        owner: Who loads them, for the message.
+        allow_none: Whether an entry may be None.
+
+    Example:
+        >>> p = torch.nn.Parameter(torch.ones(2))
+        >>> check_tensors([None], [p], 'pending gradients', 'example', True)
+        [None]
+    """
+    hint = 'load a state saved from the same model and optimizer.'
+    if not isinstance(tensors, (list, tuple)):
+        raise ValueError(f'{owner}: the saved {what} must be a list of tensors, got '
+                         f'{type(tensors).__name__}; {hint}')
+    if len(tensors) != len(params):
+        raise ValueError(f'{owner}: the saved {what} ({len(tensors)} tensors) do not match '
+                         f'the {len(params)} parameters here; {hint}')
+    for index, (t, p) in enumerate(zip(tensors, params)):
+        if t is None and allow_none:
+            continue
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point() or (
+                t.shape != p.shape) or t.is_meta:
+            got = (f'{t.dtype} {tuple(t.shape)} on {t.device}' if isinstance(t, torch.Tensor)
+                   else repr(t))
+            raise ValueError(f'{owner}: the saved {what} [{index}] is {got}, expected a '
+                             f'floating-point tensor of shape {tuple(p.shape)} with data; '
+                             f'{hint}')
+    return list(tensors)
