@@ -72,6 +72,7 @@ from .engine import (
     flat_params,
     pending_grads,
 )
+from .engine.ranks import check_setting
 from .wrap import wrap_fp16_model
 
 __all__ = ['Fp16OptimizerHook', 'GradientCumulativeFp16OptimizerHook']
@@ -261,6 +262,9 @@ class Fp16OptimizerHook(_RunnerHook):
         nonfinite: ``'warn'`` (default), ``'raise'`` or ``'ignore'``: what to do
             with an inf/nan gradient when no dynamic scale can back off; see
             :class:`~fp16utils.optim.AmpOptimWrapper`.
+        agree_across_ranks: None (default: agree on every skip when the world
+            size is > 1), True, False or a process group; see
+            :class:`~fp16utils.optim.AmpOptimWrapper`.
 
     Attributes:
         skipped_steps: Steps skipped for non-finite gradients.
@@ -277,10 +281,13 @@ class Fp16OptimizerHook(_RunnerHook):
                  bucket_size_mb: float = -1,
                  loss_scale: Union[str, float, Mapping[str, Any]] = 512.,
                  distributed: bool = True, *, dtype: Union[torch.dtype, str, None] = None,
-                 backend: Optional[str] = None, nonfinite: str = 'warn') -> None:
+                 backend: Optional[str] = None, nonfinite: str = 'warn',
+                 agree_across_ranks: Any = None) -> None:
         _follow_mmcv()
         owner = type(self).__name__
         self.nonfinite = check_nonfinite_policy(nonfinite, owner)
+        #: See :mod:`fp16utils.engine.ranks` (None: agree when the world size is > 1).
+        self.agree_across_ranks = check_setting(agree_across_ranks, owner)
         self.grad_clip = dict(grad_clip) if grad_clip is not None else None
         self._clip = parse_clip_grad(grad_clip, owner)
         self.backend = _torch.resolve_backend(backend)
@@ -355,6 +362,7 @@ class Fp16OptimizerHook(_RunnerHook):
                                   self.nonfinite, self._clip)
         if self.backend == 'native':
             engine.clip_params = list(model.parameters())  # as mmcv clips the model's
+        engine.agree_across_ranks = self.agree_across_ranks
         run_logger = getattr(runner, 'logger', None)
         engine.logger = logger if run_logger is None else run_logger  # one line per event
         self._engine = engine

@@ -253,7 +253,8 @@ def test_legacy_hook_reduces_a_gradient_only_some_ranks_have(tmp_path):
 
 
 def test_use_fsdp_makes_the_ranks_agree_on_a_skip(ranks):
-    """Sharded gradients: an inf on rank 1 only is skipped by both ranks with use_fsdp."""
+    """Sharded gradients: an inf on rank 1 only is skipped by both ranks with use_fsdp
+    (and by rank 1 alone when the ranks opt out with agree_across_ranks=False)."""
     if 'skip' in ranks[0]['sharded-True']:
         pytest.skip(ranks[0]['sharded-True']['skip'])
     assert [r['sharded-True']['skipped'] for r in ranks] == [1, 1]
