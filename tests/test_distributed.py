@@ -41,8 +41,11 @@ def _tail(path, limit=4000):
         return '<no output>'
 
 
-def launch_workers(tmp_dir, group='main', world_size=WORLD_SIZE, timeout=TIMEOUT_S):
+def launch_workers(tmp_dir, group='main', world_size=WORLD_SIZE, timeout=TIMEOUT_S,
+                   script=None):
     """Start ``world_size`` workers on a scenario group, wait (bounded), return their results.
+
+    ``script``: a worker script that adds its own groups (default: ``_dist_worker.py``).
 
     Skips when torch.distributed / gloo is missing or processes cannot be
     started; fails (after killing every straggler) on a timeout or an error.
@@ -64,8 +67,8 @@ def launch_workers(tmp_dir, group='main', world_size=WORLD_SIZE, timeout=TIMEOUT
             logs.append(log)
             with open(log, 'wb') as out:
                 procs.append(subprocess.Popen(
-                    [sys.executable, str(Path(W.__file__)), 'dist', str(rank), str(world_size),
-                     str(init_file), str(tmp_dir), group],
+                    [sys.executable, str(Path(script or W.__file__)), 'dist', str(rank),
+                     str(world_size), str(init_file), str(tmp_dir), group],
                     stdout=out, stderr=subprocess.STDOUT, env=env))
     except OSError as err:
         for p in procs:
