@@ -100,3 +100,42 @@ def test_fsdp2_shards_agree_and_resume_identically(fsdp, name):
     assert r0['resumed_scale'] == r1['resumed_scale'] == 512.0
     R.assert_identical(r0['resumed'], r0['final'])
     R.assert_identical(r1['resumed'], r1['final'])
+
+
+# --------------------------------------------------------------------------- one process
+
+
+def test_a_setting_that_is_not_none_a_bool_or_a_group_is_refused():
+    from fp16utils import AmpOptimWrapper, Fp16OptimizerHook
+    model = torch.nn.Linear(2, 1)
+    with pytest.raises(TypeError, match='agree_across_ranks must be None'):
+        AmpOptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1), agree_across_ranks='yes')
+    with pytest.raises(TypeError, match='agree_across_ranks must be None'):
+        Fp16OptimizerHook(agree_across_ranks=1)
+
+
+def test_use_fsdp_refuses_to_opt_out_and_nothing_changes():
+    from fp16utils import AmpOptimWrapper
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    groups = [dict(g) for g in optimizer.param_groups]
+    with pytest.raises(ValueError, match='use_fsdp=True shards the gradients'):
+        AmpOptimWrapper(optimizer, use_fsdp=True, agree_across_ranks=False)
+    assert [dict(g) for g in optimizer.param_groups] == groups
+
+
+def test_the_builder_passes_the_setting_and_one_process_takes_no_collective(monkeypatch):
+    from fp16utils import build_optim_wrapper
+    from fp16utils.engine import ranks
+    model = torch.nn.Linear(2, 1)
+    wrapper = build_optim_wrapper(model, dict(type='AmpOptimWrapper', dtype='bfloat16',
+                                              optimizer=dict(type='SGD', lr=0.1),
+                                              agree_across_ranks=False))
+    assert wrapper.agree_across_ranks is False
+    assert ranks.reducer(None) is None and ranks.reducer(True) is None  # not initialised
+    calls = []
+    monkeypatch.setattr(torch.distributed, 'all_reduce', lambda *a, **k: calls.append(a))
+    with wrapper.optim_context(model):
+        loss = model(torch.ones(1, 2)).sum()
+    wrapper.update_params(loss * float('inf'))
+    assert wrapper.skipped_steps == 1 and calls == []
