@@ -160,11 +160,8 @@ def amp_loop(model_cls: type, device: str, dtype: torch.dtype) -> Step:
     return step
 
 
-def wrapper_loop(model_cls: type, device: str, dtype: torch.dtype,
-                 backend: str = 'native') -> Step:
-    model = fresh(model_cls, device)
-    wrapper = AmpOptimWrapper(sgd(model), dtype=dtype, backend=backend, model=model)
-
+def wrapper_step(wrapper: AmpOptimWrapper, model: nn.Module) -> Step:
+    """One 1.x training step of ``model`` (which may be DDP) with ``wrapper``."""
     def step(batch: Batch) -> None:
         x, y = batch
         with wrapper.optim_context(model):
@@ -172,6 +169,13 @@ def wrapper_loop(model_cls: type, device: str, dtype: torch.dtype,
         wrapper.update_params(F.cross_entropy(out.float(), y))
 
     return step
+
+
+def wrapper_loop(model_cls: type, device: str, dtype: torch.dtype,
+                 backend: str = 'native') -> Step:
+    model = fresh(model_cls, device)
+    return wrapper_step(AmpOptimWrapper(sgd(model), dtype=dtype, backend=backend,
+                                        model=model), model)
 
 
 def legacy_loop(model_cls: type, device: str, dtype: torch.dtype) -> Step:
@@ -277,15 +281,7 @@ def ddp_variants(model_cls: type, dtype: torch.dtype) -> Dict[str, Step]:
         model = fresh(model_cls, 'cpu')
         wrapper = AmpOptimWrapper(sgd(model), dtype=dtype, model=model,
                                   agree_across_ranks=agree)
-        ddp = nn.parallel.DistributedDataParallel(model)
-
-        def step(batch: Batch) -> None:
-            x, y = batch
-            with wrapper.optim_context(ddp):
-                out = ddp(x)
-            wrapper.update_params(F.cross_entropy(out.float(), y))
-
-        return step
+        return wrapper_step(wrapper, nn.parallel.DistributedDataParallel(model))
 
     model = fresh(model_cls, 'cpu')
     ddp = nn.parallel.DistributedDataParallel(model)
