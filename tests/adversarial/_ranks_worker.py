@@ -150,6 +150,8 @@ def _fully_shard() -> Optional[Callable[..., Any]]:
         from torch.distributed.fsdp import fully_shard
     except ImportError:
         return None
+    except ValueError:  # an old torch.distributed.fsdp that this Python cannot import
+        return None
     return fully_shard
 
 
@@ -162,7 +164,8 @@ def run_fsdp2(rank: int, policy: bool) -> Dict[str, Any]:
     """fully_shard + AmpOptimWrapper; an inf in rank 1's gradient shard; save and resume."""
     fully_shard = _fully_shard()
     if fully_shard is None:
-        return {'skip': 'torch.distributed.fsdp.fully_shard (FSDP2) is not in this torch'}
+        return {'skip': 'torch.distributed.fsdp.fully_shard (FSDP2) cannot be imported from '
+                        'this torch'}
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
     from fp16utils import AmpOptimWrapper
