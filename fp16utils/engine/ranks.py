@@ -114,7 +114,8 @@ def agree_found(found: Dict[Any, _Tensor], device_type: str, reduce: Reducer
     rank with no gradient still takes part, so the collective always matches.
 
     Returns:
-        ``found``, or a one-flag dict when it was empty.
+        ``found``, which gets the agreed flag as its one entry when it was empty
+        (a rank with no gradient: the GradScaler's update then backs off too).
 
     Example:
         >>> flags = {'cpu': torch.tensor([0.0])}
@@ -122,12 +123,13 @@ def agree_found(found: Dict[Any, _Tensor], device_type: str, reduce: Reducer
         [1.0]
     """
     if found:
-        flag = torch.stack([v.reshape(()).float() for v in found.values()]).amax()
+        flag = torch.stack([v.reshape(()).float() for v in found.values()]).amax().reshape(1)
     else:
-        flag = torch.zeros((), device=device_type)
+        flag = torch.zeros(1, device=device_type)
     agreed = reduce(flag)
     if not found:
-        return {agreed.device: agreed}
+        found[agreed.device] = agreed
+        return found
     for value in found.values():
         value.copy_(agreed.to(value.device, non_blocking=True).reshape(value.shape))
     return found

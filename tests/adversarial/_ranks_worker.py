@@ -96,6 +96,35 @@ def run_wrapper(rank: int, backend: str, dtype: torch.dtype, fused: bool = False
     return _result(wrapper, model, optimizer, skipped, scales, log)
 
 
+def run_no_grad_rank(rank: int) -> Dict[str, Any]:
+    """No DDP; the optimizer holds a head that only rank 1 uses, and rank 1 overflows.
+
+    Rank 0 has no gradient to check at all, yet takes part and backs off too.
+    """
+    from fp16utils import AmpOptimWrapper
+    body, head = R.Net(seed=0), nn.Linear(4, 4)
+    optimizer = torch.optim.SGD(head.parameters(), lr=0.1)
+    wrapper = AmpOptimWrapper(optimizer, loss_scale=dict(W.WRAPPER_SCALE))
+    skipped, scales, log = [], [], []
+    where = {'iter': -1}
+    with W.count_collectives(log, lambda: where['iter']):
+        for i, (x, y) in enumerate(W.overflow_data(rank)):
+            where['iter'] = i
+            with wrapper.optim_context(body):
+                out = body(x).float()
+                if rank == FAULTY_RANK:
+                    out = head(out).float()
+            loss = (out - y).pow(2).mean()
+            if rank == FAULTY_RANK and i == FAULT:
+                loss = loss * W.INF
+            wrapper.update_params(loss)
+            skipped.append(wrapper.skipped_steps)
+            scales.append(wrapper.loss_scale)
+    # The head is trained on rank 1 only: the ranks hold no replicas to compare.
+    return {'skipped': skipped, 'scales': scales, 'history': list(wrapper.scale_history),
+            'agreements': _scalar_allreduces(log), 'final': {}}
+
+
 def run_hook(rank: int, backend: str, cumulative: int = 1, ddp: bool = True,
              agree: Any = None) -> Dict[str, Any]:
     """Fp16OptimizerHook (or the cumulative one) on the minimal runner.
@@ -253,6 +282,7 @@ RANKS_SCENARIOS: Dict[str, Callable[[int], Dict[str, Any]]] = {
     'wrapper-fused': lambda r: _f16('native', lambda: _fused(r)),
     'wrapper-legacy': lambda r: _f16_gloo(lambda: run_wrapper(r, 'legacy', F16)),
     'wrapper-bf16-warn': _bf16,
+    'wrapper-no-grad-rank': lambda r: _f16('native', lambda: run_no_grad_rank(r)),
     'wrapper-optout': lambda r: _f16('native', lambda: run_wrapper(r, 'native', F16,
                                                                    agree=False)),
     'hook-native': lambda r: _f16('native', lambda: run_hook(r, 'native')),

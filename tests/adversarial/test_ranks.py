@@ -53,6 +53,8 @@ CASES = {
     'wrapper-fused': ([0] * F + [1] * (N - F), SCALED),
     'wrapper-legacy': ([0] * F + [1] * (N - F), SCALED),
     'wrapper-bf16-warn': ([0] * F + [1] * (N - F), [1.0] * N),
+    # rank 0's optimizer has no gradient at all: it takes part and backs off too
+    'wrapper-no-grad-rank': ([0] * F + [1] * (N - F), SCALED),
     'hook-native': ([0] * F + [1] * (N - F), SCALED),
     'hook-legacy': ([0] * F + [1] * (N - F), SCALED),
     'hook-legacy-allreduce': ([0] * F + [1] * (N - F), SCALED),
