@@ -27,6 +27,14 @@ Run:
 On CPU, time is the process's CPU time with one torch thread (``--threads``
 changes it), so that other work on a shared machine does not leak in; the
 tiny model is overhead-bound and shows the per-step Python cost.
+
+``--world-size 2`` measures instead what the ranks' agreement on a skip costs:
+that many gloo processes (CPU) train the same models under DDP, and rank 0
+prints the wall time per step of ``AmpOptimWrapper`` (agreeing, the default,
+and with ``agree_across_ranks=False``) against the hand-written DDP +
+autocast + GradScaler loop in the same processes:
+
+    python benchmarks/train_step.py --world-size 2 --repeats 5
 """
 
 from __future__ import annotations
@@ -155,11 +163,8 @@ def amp_loop(model_cls: type, device: str, dtype: torch.dtype) -> Step:
     return step
 
 
-def wrapper_loop(model_cls: type, device: str, dtype: torch.dtype,
-                 backend: str = 'native') -> Step:
-    model = fresh(model_cls, device)
-    wrapper = AmpOptimWrapper(sgd(model), dtype=dtype, backend=backend, model=model)
-
+def wrapper_step(wrapper: AmpOptimWrapper, model: nn.Module) -> Step:
+    """One 1.x training step of ``model`` (which may be DDP) with ``wrapper``."""
     def step(batch: Batch) -> None:
         x, y = batch
         with wrapper.optim_context(model):
@@ -167,6 +172,13 @@ def wrapper_loop(model_cls: type, device: str, dtype: torch.dtype,
         wrapper.update_params(F.cross_entropy(out.float(), y))
 
     return step
+
+
+def wrapper_loop(model_cls: type, device: str, dtype: torch.dtype,
+                 backend: str = 'native') -> Step:
+    model = fresh(model_cls, device)
+    return wrapper_step(AmpOptimWrapper(sgd(model), dtype=dtype, backend=backend,
+                                        model=model), model)
 
 
 def legacy_loop(model_cls: type, device: str, dtype: torch.dtype) -> Step:
@@ -291,6 +303,85 @@ def bench_model(name: str, model_cls: type, make_x: Callable, batch_size: int,
                    for label, t in times.items()]
 
 
+# ------------------------------------------------------------------------ distributed
+
+
+def ddp_variants(model_cls: type, dtype: torch.dtype) -> Dict[str, Step]:
+    """The DDP steps compared by ``--world-size``: hand-written, agreeing, opted out."""
+    def wrapped(agree: object) -> Step:
+        model = fresh(model_cls, 'cpu')
+        wrapper = AmpOptimWrapper(sgd(model), dtype=dtype, model=model,
+                                  agree_across_ranks=agree)
+        return wrapper_step(wrapper, nn.parallel.DistributedDataParallel(model))
+
+    model = fresh(model_cls, 'cpu')
+    ddp = nn.parallel.DistributedDataParallel(model)
+    optimizer = sgd(model)
+    scaler = torch.amp.GradScaler('cpu', enabled=dtype == torch.float16)
+
+    def hand_written(batch: Batch) -> None:
+        x, y = batch
+        with torch.autocast('cpu', dtype=dtype):
+            out = ddp(x)
+        scaler.scale(F.cross_entropy(out.float(), y)).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad()
+
+    return {'DDP + amp (hand-written)': hand_written,
+            'AmpOptimWrapper, ranks agree (default)': wrapped(None),
+            'AmpOptimWrapper, agree_across_ranks=False': wrapped(False)}
+
+
+def _ddp_worker(rank: int, world_size: int, init_file: str, args: argparse.Namespace) -> None:
+    import torch.distributed as dist
+    dist.init_process_group('gloo', init_method=f'file://{init_file}', rank=rank,
+                            world_size=world_size)
+    torch.set_num_threads(1)
+    logging.getLogger('fp16utils').setLevel(logging.ERROR)
+    dtype = fp16utils._torch.resolve_dtype(args.dtype)
+    for name, (model_cls, make_x, batch_size) in MODELS.items():
+        data = make_data(make_x, batch_size, 'cpu')
+        steps = ddp_variants(model_cls, dtype)
+        times: Dict[str, List[float]] = {label: [] for label in steps}
+        for repeat in range(args.repeats + 1):  # the first round warms up
+            for label in (list(steps) if repeat % 2 else list(steps)[::-1]):
+                dist.barrier()
+                start = time.perf_counter()
+                for batch in itertools.islice(itertools.cycle(data), args.steps):
+                    steps[label](batch)
+                dist.barrier()
+                if repeat:
+                    times[label].append((time.perf_counter() - start) / args.steps)
+        if rank == 0:
+            base = statistics.median(times['DDP + amp (hand-written)'])
+            agree = statistics.median(times['AmpOptimWrapper, ranks agree (default)'])
+            print(f'\n### {name}: DDP, {world_size} gloo processes, {args.steps} steps per '
+                  'block, wall time\n')
+            print('| variant | steps/s | time vs hand-written DDP amp |')
+            print('| --- | ---: | ---: |')
+            for label, t in times.items():
+                print(f'| {label} | {1.0 / statistics.median(t):,.1f} | '
+                      f'{statistics.median(t) / base:.3f}x |')
+            off = statistics.median(times['AmpOptimWrapper, agree_across_ranks=False'])
+            print(f'| agreement on / off | | {agree / off:.3f}x |')
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def bench_world(args: argparse.Namespace) -> None:
+    """``--world-size N``: the cost of the ranks' agreement, N gloo processes on the CPU."""
+    import tempfile
+
+    import torch.multiprocessing as mp
+    print(f'torch {torch.__version__}, fp16utils {fp16utils.__version__}, device cpu (gloo), '
+          f'dtype {args.dtype}, {args.world_size} processes x 1 thread, '
+          f'{platform.processor() or platform.machine()}; {args.repeats} interleaved '
+          'repeats, medians of wall time')
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(_ddp_worker, args=(args.world_size, f'{tmp}/pg', args), nprocs=args.world_size)
+
+
 def main(argv: List[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
@@ -304,9 +395,14 @@ def main(argv: List[str] | None = None) -> None:
     parser.add_argument('--threads', type=int, default=None,
                         help='torch threads (default: 1 on cpu, so that CPU time is clean)')
     parser.add_argument('--quick', action='store_true', help='few steps, for a smoke run')
+    parser.add_argument('--world-size', type=int, default=1,
+                        help='> 1: the cost of the ranks agreeing on a skip, under DDP (gloo)')
     args = parser.parse_args(argv)
     if args.quick:
         args.steps, args.repeats, args.warmup, args.min_block = 5, 3, 3, 0.02
+    if args.world_size > 1:
+        bench_world(args)
+        return
     # Skipped steps (the dynamic scale probing upwards) are normal here: don't log them.
     logging.getLogger('fp16utils').setLevel(logging.ERROR)
     threads = args.threads or (1 if args.device == 'cpu' else None)

@@ -77,6 +77,7 @@ from .engine import (
     resume_state_from_meta,
     take_step,
 )
+from .engine.ranks import check_setting
 from .wrap import wrap_fp16_model
 
 __all__ = ['Fp16OptimizerHook', 'GradientCumulativeFp16OptimizerHook']
@@ -279,6 +280,9 @@ class Fp16OptimizerHook(_RunnerHook):
         overflow_guard: None, or ``dict(max_consecutive=3, action='diagnose')``;
             see :class:`~fp16utils.optim.AmpOptimWrapper`. The watchers go on
             ``runner.model`` in :meth:`before_train_iter`.
+        agree_across_ranks: None (default: agree on every skip when the world
+            size is > 1), True, False or a process group; see
+            :class:`~fp16utils.optim.AmpOptimWrapper`.
 
     Each iteration the hook puts the :class:`~fp16utils.StepResult` fields in
     ``runner.outputs['fp16']`` (a plain dict) and, when the loss is scaled,
@@ -300,11 +304,14 @@ class Fp16OptimizerHook(_RunnerHook):
                  loss_scale: Union[str, float, Mapping[str, Any]] = 512.,
                  distributed: bool = True, *, dtype: Union[torch.dtype, str, None] = None,
                  backend: Optional[str] = None, nonfinite: str = 'warn',
-                 overflow_guard: Optional[Mapping[str, Any]] = None) -> None:
+                 overflow_guard: Optional[Mapping[str, Any]] = None,
+                 agree_across_ranks: Any = None) -> None:
         _follow_mmcv()
         owner = type(self).__name__
         self.nonfinite = check_nonfinite_policy(nonfinite, owner)
         self._guard = OverflowGuard.parse(overflow_guard, owner)
+        #: See :mod:`fp16utils.engine.ranks` (None: agree when the world size is > 1).
+        self.agree_across_ranks = check_setting(agree_across_ranks, owner)
         self.grad_clip = dict(grad_clip) if grad_clip is not None else None
         self._clip = parse_clip_grad(grad_clip, owner)
         self.backend = _torch.resolve_backend(backend)
@@ -386,6 +393,7 @@ class Fp16OptimizerHook(_RunnerHook):
         self.backend, self._spec = backend, spec
         if self.backend == 'native':
             engine.clip_params = list(model.parameters())  # as mmcv clips the model's
+        engine.agree_across_ranks = self.agree_across_ranks
         run_logger = getattr(runner, 'logger', None)
         engine.logger = logger if run_logger is None else run_logger  # one line per event
         self._engine = engine

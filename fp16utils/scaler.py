@@ -15,7 +15,7 @@ Example:
 from __future__ import annotations
 
 import threading
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Callable, Iterable, Mapping, Optional
 
 import torch
 
@@ -73,7 +73,8 @@ def _flag_tensors(device: Any, factor: float) -> tuple[torch.Tensor, torch.Tenso
     return found, inv
 
 
-def non_finite_check_(tensors: list[torch.Tensor], inv_scale: Optional[float] = None
+def non_finite_check_(tensors: list[torch.Tensor], inv_scale: Optional[float] = None, *,
+                      reduce: Optional[Callable[[torch.Tensor], torch.Tensor]] = None
                       ) -> bool:
     """Check tensors for inf/nan, multiplying them by ``inv_scale`` in the same pass.
 
@@ -87,6 +88,9 @@ def non_finite_check_(tensors: list[torch.Tensor], inv_scale: Optional[float] = 
         tensors: Dense floating-point tensors (gradients), changed in place
             when ``inv_scale`` is given.
         inv_scale: Factor to multiply by; None only checks.
+        reduce: Applied to the found flag (a float tensor) before it is read,
+            in the same sync: e.g. an all-reduce so that ranks agree. With
+            it, an empty ``tensors`` still calls it (on a CPU zero flag).
 
     Returns:
         True when any tensor holds an inf or a nan.
@@ -96,10 +100,20 @@ def non_finite_check_(tensors: list[torch.Tensor], inv_scale: Optional[float] = 
         >>> non_finite_check_([torch.ones(2), torch.tensor([float('nan')])])
         True
     """
-    return _check(tensors, inv_scale, False)
+    if reduce is None:
+        return _check(tensors, inv_scale, False)
+    if not tensors:
+        return bool(reduce(torch.zeros(1)).item())
+    return _check(tensors, inv_scale, False, reduce)
 
 
-def _check(tensors: list[torch.Tensor], inv_scale: Optional[float], sparse: bool) -> bool:
+def _read(flag: torch.Tensor, reduce: Any) -> bool:
+    """The one sync: read ``flag`` (reduced first, when asked)."""
+    return (flag if reduce is None else reduce(flag)).item() != 0
+
+
+def _check(tensors: list[torch.Tensor], inv_scale: Optional[float], sparse: bool,
+           reduce: Any = None) -> bool:
     """:func:`non_finite_check_`; ``sparse``: some tensors may be sparse."""
     if not tensors:
         return False
@@ -117,13 +131,15 @@ def _check(tensors: list[torch.Tensor], inv_scale: Optional[float], sparse: bool
             except (RuntimeError, NotImplementedError):
                 _no_whole_list.add(key)
             else:
-                return found.item() != 0
+                return _read(found, reduce)
     if sparse:
         tensors = [t._values() if t.is_sparse else t for t in tensors]
-    return _grouped_check_(tensors, fused, 1.0 if inv_scale is None else float(inv_scale))
+    return _grouped_check_(tensors, fused, 1.0 if inv_scale is None else float(inv_scale),
+                           reduce)
 
 
-def _grouped_check_(tensors: list[torch.Tensor], fused: Any, factor: float) -> bool:
+def _grouped_check_(tensors: list[torch.Tensor], fused: Any, factor: float,
+                    reduce: Any = None) -> bool:
     """The fused kernel once per (device, dtype) group; one sync in all."""
     groups = _torch.group_by_device_and_dtype(tensors)
     found: dict[Any, torch.Tensor] = {}
@@ -143,9 +159,9 @@ def _grouped_check_(tensors: list[torch.Tensor], fused: Any, factor: float) -> b
         _non_finite_check_slow_(group, found[device], factor)
     flags = list(found.values())
     if len(flags) == 1:
-        return flags[0].item() != 0
+        return _read(flags[0], reduce)
     first = flags[0].device
-    return bool(torch.stack([f.to(first, non_blocking=True) for f in flags]).sum().item())
+    return _read(torch.stack([f.to(first, non_blocking=True) for f in flags]).sum(), reduce)
 
 
 def _non_finite_check_slow_(tensors: list[torch.Tensor], found: torch.Tensor,

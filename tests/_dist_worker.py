@@ -382,12 +382,13 @@ def run_sharded_overflow(use_fsdp: bool, rank: int) -> Dict[str, Any]:
     """No DDP (gradients as FSDP leaves them: each rank its own); rank 1 overflows once.
 
     With ``use_fsdp=True`` the ranks agree on the skip (the found-inf flag is
-    all-reduced); without it only rank 1 skips.
+    all-reduced); without it, and with ``agree_across_ranks=False``, only rank 1 skips.
     """
     from fp16utils import AmpOptimWrapper
     model = R.Net(seed=0)
     wrapper = AmpOptimWrapper(512.0, use_fsdp=use_fsdp,
-                              optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+                              optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                              agree_across_ranks=None if use_fsdp else False)
     for i, (x, y) in enumerate(overflow_data(rank)):
         with wrapper.optim_context(model):
             loss = R.mse(model, (x, y))

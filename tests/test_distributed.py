@@ -41,8 +41,11 @@ def _tail(path, limit=4000):
         return '<no output>'
 
 
-def launch_workers(tmp_dir, group='main', world_size=WORLD_SIZE, timeout=TIMEOUT_S):
+def launch_workers(tmp_dir, group='main', world_size=WORLD_SIZE, timeout=TIMEOUT_S,
+                   script=None):
     """Start ``world_size`` workers on a scenario group, wait (bounded), return their results.
+
+    ``script``: a worker script that adds its own groups (default: ``_dist_worker.py``).
 
     Skips when torch.distributed / gloo is missing or processes cannot be
     started; fails (after killing every straggler) on a timeout or an error.
@@ -64,8 +67,8 @@ def launch_workers(tmp_dir, group='main', world_size=WORLD_SIZE, timeout=TIMEOUT
             logs.append(log)
             with open(log, 'wb') as out:
                 procs.append(subprocess.Popen(
-                    [sys.executable, str(Path(W.__file__)), 'dist', str(rank), str(world_size),
-                     str(init_file), str(tmp_dir), group],
+                    [sys.executable, str(Path(script or W.__file__)), 'dist', str(rank),
+                     str(world_size), str(init_file), str(tmp_dir), group],
                     stdout=out, stderr=subprocess.STDOUT, env=env))
     except OSError as err:
         for p in procs:
@@ -253,7 +256,8 @@ def test_legacy_hook_reduces_a_gradient_only_some_ranks_have(tmp_path):
 
 
 def test_use_fsdp_makes_the_ranks_agree_on_a_skip(ranks):
-    """Sharded gradients: an inf on rank 1 only is skipped by both ranks with use_fsdp."""
+    """Sharded gradients: an inf on rank 1 only is skipped by both ranks with use_fsdp
+    (and by rank 1 alone when the ranks opt out with agree_across_ranks=False)."""
     if 'skip' in ranks[0]['sharded-True']:
         pytest.skip(ranks[0]['sharded-True']['skip'])
     assert [r['sharded-True']['skipped'] for r in ranks] == [1, 1]

@@ -22,6 +22,7 @@ from torch import nn
 from .. import _torch
 from .._spec import SCALE_HISTORY_LEN, check_scaler_state, check_stats, nonfinite_error
 from ..scaler import non_finite_check_
+from . import ranks
 from .checks import check_tensors
 
 __all__ = ['Clip', 'ResumeState', 'StepEngine', 'check_pending', 'flat_params',
@@ -147,6 +148,8 @@ class StepEngine:
         grad_norm: The total norm of the last norm-clipped step (a 0-dim tensor).
         clip_params: What to clip (None: the optimizer's parameters).
         logger: Where skipped steps are reported (anything with ``warning(str)``).
+        agree_across_ranks: Whether ranks agree on a skip (see :mod:`.ranks`):
+            None (default: when the world size is > 1), True, False or a group.
     """
 
     #: Whether the loss is scaled.
@@ -160,6 +163,7 @@ class StepEngine:
         self.skipped_steps = 0
         self.scale_history: List[Tuple[int, float]] = []
         self.logger: Any = logger
+        self.agree_across_ranks: Any = None
 
     # -- what the owner reads ----------------------------------------------------------------
 
@@ -228,7 +232,10 @@ class StepEngine:
 
         One fused check and one device sync, unless the policy is ``'ignore'``.
         """
-        if self.nonfinite == 'ignore' or not grads or not non_finite_check_(grads):
+        if self.nonfinite == 'ignore':
+            return False
+        reduce = ranks.reducer(self.agree_across_ranks)  # every rank takes part
+        if (not grads and reduce is None) or not non_finite_check_(grads, reduce=reduce):
             return False
         if self.nonfinite == 'raise':
             raise nonfinite_error(step, 'and no loss scaling to back off')

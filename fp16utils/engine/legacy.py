@@ -22,6 +22,7 @@ from torch import nn
 from .. import _torch
 from .._spec import ScaleSpec, grad_scaler_to_mmcv_state, nonfinite_error
 from ..scaler import LossScaler, non_finite_check_
+from . import ranks
 from .base import Clip, StepEngine, flat_params
 from .checks import check_tensors
 
@@ -228,7 +229,8 @@ class LegacyEngine(StepEngine):
                 return True
             overflow = False
         else:
-            overflow = non_finite_check_(grads, 1.0 / old)
+            overflow = non_finite_check_(grads, 1.0 / old,
+                                         reduce=ranks.reducer(self.agree_across_ranks))
             if overflow and scaler.mode == 'static' and self.nonfinite == 'raise':
                 raise nonfinite_error(step, f'with the static loss scale {old}')
         if not overflow:

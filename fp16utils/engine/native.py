@@ -24,30 +24,12 @@ from .._spec import (
     nonfinite_error,
     shrink_scale,
 )
+from . import ranks
 from .base import Clip, StepEngine
 
 __all__ = ['NativeEngine']
 
 _Tensor = torch.Tensor
-
-
-def _distributed() -> bool:
-    dist = torch.distributed
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
-def _agree(found: Dict[Any, _Tensor], device_type: str) -> Dict[Any, _Tensor]:
-    """One found-inf flag, the max over every device here and every rank (FSDP).
-
-    Every rank takes part, also one whose shard has no gradient, so that the
-    collective always matches.
-    """
-    if found:
-        flag = torch.stack([v.reshape(()).float() for v in found.values()]).amax()
-    else:
-        flag = torch.zeros((), device=device_type)
-    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-    return {flag.device: flag}
 
 
 class NativeEngine(StepEngine):
@@ -71,14 +53,14 @@ class NativeEngine(StepEngine):
             is made lazily, at the first scaled backward).
         nonfinite: See :data:`fp16utils._spec.NONFINITE_POLICIES`.
         clip: A parsed ``clip_grad``.
-        agree_across_ranks: Parameters are sharded across ranks (FSDP), so an
-            inf on one rank is not seen by the others: the found-inf flag is
-            all-reduced (max) before it is read, in the same sync.
+        agree_across_ranks: None (agree when the world size is > 1), True,
+            False or a process group: the found-inf flag is all-reduced (max)
+            before it is read, in the same sync (see :mod:`.ranks`).
     """
 
     def __init__(self, spec: ScaleSpec, dtype: torch.dtype,
                  device_type: Callable[[], str], nonfinite: str = 'warn',
-                 clip: Optional[Clip] = None, agree_across_ranks: bool = False) -> None:
+                 clip: Optional[Clip] = None, agree_across_ranks: Any = None) -> None:
         super().__init__(clip, nonfinite)
         self.agree_across_ranks = agree_across_ranks
         self.enabled = spec.enabled and _torch.needs_loss_scaling(dtype)
@@ -170,8 +152,9 @@ class NativeEngine(StepEngine):
         self._follow_scaler()
         found = _torch.grad_scaler_found_inf(scaler, optimizer)
         quiet = _torch.quiet_grad_scaler_update
-        if self.agree_across_ranks and _distributed():
-            found = _agree(found, self._device_type())
+        reduce = ranks.reducer(self.agree_across_ranks)
+        if reduce is not None:  # in place: fused kernels and the update see the agreed flag
+            found = ranks.agree_found(found, self._device_type(), reduce)
         if not found:  # no parameter has a gradient: nothing to check or skip
             optimizer.step(**kwargs)
             quiet(scaler, self._scale)

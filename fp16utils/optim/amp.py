@@ -27,6 +27,7 @@ from .. import _torch
 from .._spec import check_nonfinite_policy, parse_loss_scale
 from ..cast import cast_tensor_type
 from ..engine import LegacyEngine, NativeEngine, OverflowGuard, ResumeState, flat_params
+from ..engine.ranks import check_setting
 from ..scaler import LossScaler
 from ..wrap import wrap_fp16_model
 from .wrapper import _NULL_CONTEXT, OptimWrapper
@@ -207,6 +208,12 @@ class AmpOptimWrapper(OptimWrapper):
             report once per streak, ``'raise'`` raises ``FloatingPointError``
             (the report in its ``report`` attribute) before the optimizer
             steps. Costs nothing while steps are clean.
+        agree_across_ranks: None (default: the ranks agree on every skip, one
+            MAX all-reduce of one flag per step, when torch.distributed runs
+            with a world size > 1), True, False (each rank decides alone: for
+            ranks that do not train one model) or a process group to agree
+            within. While they agree, every rank must step the same number of
+            times (see :mod:`fp16utils.engine.ranks`).
 
     Attributes:
         dtype: The resolved dtype (float16 when ``dtype=None``).
@@ -245,13 +252,18 @@ class AmpOptimWrapper(OptimWrapper):
                  clip_grad: Optional[Mapping[str, Any]] = None,
                  model: Optional[nn.Module] = None, nonfinite: str = 'warn',
                  overflow_guard: Optional[Mapping[str, Any]] = None,
-                 **kwargs: Any) -> None:
+                 agree_across_ranks: Any = None, **kwargs: Any) -> None:
         owner = type(self).__name__
         optimizer, loss_scale = _bind_loss_scale(owner, loss_scale, optimizer, kwargs)
         nonfinite = check_nonfinite_policy(nonfinite, owner)
         guard = OverflowGuard.parse(overflow_guard, owner)
         if not isinstance(use_fsdp, bool):
             raise TypeError(f'{owner}: use_fsdp must be True or False, got {use_fsdp!r}.')
+        agree = check_setting(agree_across_ranks, owner)
+        if use_fsdp and agree is False:
+            raise ValueError(f'{owner}: use_fsdp=True shards the gradients, so the ranks must '
+                             'agree on a skip; drop agree_across_ranks=False (or pass a '
+                             'process group).')
         super().__init__(optimizer, accumulative_counts, clip_grad)
         self._guard = guard
         spec = parse_loss_scale(loss_scale, owner)
@@ -285,7 +297,10 @@ class AmpOptimWrapper(OptimWrapper):
             _convert_model(model, self.dtype)
         else:
             self._engine = NativeEngine(spec, self.dtype, self._param_device_type, nonfinite,
-                                        clip, agree_across_ranks=use_fsdp)
+                                        clip)
+        self._engine.agree_across_ranks = agree
+        #: See :mod:`fp16utils.engine.ranks` (None: agree when the world size is > 1).
+        self.agree_across_ranks = agree
 
     def _param_device_type(self) -> str:
         params = flat_params(self.optimizer)

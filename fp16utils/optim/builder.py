@@ -34,7 +34,7 @@ _MULTI_CONSTRUCTORS = ('MultiOptimWrapperConstructor',
                        PLUGIN_NAMES['MultiOptimWrapperConstructor'])
 _COMMON_KEYS = ('type', 'optimizer', 'accumulative_counts', 'clip_grad', 'paramwise_cfg')
 _AMP_KEYS = ('loss_scale', 'dtype', 'use_fsdp', 'backend', 'nonfinite',
-             'overflow_guard')
+             'overflow_guard', 'agree_across_ranks')
 
 
 def _optimizer_classes() -> Dict[str, type]:
@@ -135,7 +135,7 @@ def build_optim_wrapper(model: nn.Module, cfg: Mapping[str, Any]
     Single wrapper: ``dict(type='OptimWrapper' | 'AmpOptimWrapper',
     optimizer=dict(type='Adam', lr=...), accumulative_counts=1,
     clip_grad=None, paramwise_cfg=None)``, plus ``loss_scale``, ``dtype``,
-    ``use_fsdp``, ``backend`` and ``nonfinite`` for ``AmpOptimWrapper``.
+    ``use_fsdp``, ``backend``, ``nonfinite`` and ``agree_across_ranks`` for ``AmpOptimWrapper``.
     ``paramwise_cfg`` takes the options of MMEngine's
     ``DefaultOptimWrapperConstructor`` (see :mod:`fp16utils.optim.constructor`)
     and gives the same param groups. ``constructor`` may be omitted,
