@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
     from .debug import NonFiniteRecord, OverflowReport, find_overflow, nonfinite_summary
     from .decorators import auto_fp16, force_fp32
     from .hooks import Fp16OptimizerHook, GradientCumulativeFp16OptimizerHook
+    from .keep import keep_fp32, kept_fp32
     from .migrate import (
         ConfigConversionError,
         FileChange,
@@ -39,6 +40,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
     )
     from .mmcv import patch_mmcv, unpatch_mmcv
     from .optim import AmpOptimWrapper, OptimWrapper, OptimWrapperDict, build_optim_wrapper
+    from .precision import precision_support
     from .scaler import LossScaler
     from .wrap import patch_forward_method, patch_norm_fp32, wrap_fp16_model
 
@@ -70,10 +72,13 @@ __all__ = [
     'fix_imports',
     'force_fp32',
     'has_native_amp',
+    'keep_fp32',
+    'kept_fp32',
     'nonfinite_summary',
     'patch_forward_method',
     'patch_mmcv',
     'patch_norm_fp32',
+    'precision_support',
     'scan',
     'unpatch_mmcv',
     'wrap_fp16_model',
@@ -94,6 +99,8 @@ _EXPORTS = {
     'force_fp32': 'decorators',
     'Fp16OptimizerHook': 'hooks',
     'GradientCumulativeFp16OptimizerHook': 'hooks',
+    'keep_fp32': 'keep',
+    'kept_fp32': 'keep',
     'patch_mmcv': 'mmcv',
     'unpatch_mmcv': 'mmcv',
     'ConfigConversionError': 'migrate',
@@ -109,6 +116,7 @@ _EXPORTS = {
     'OptimWrapper': 'optim',
     'OptimWrapperDict': 'optim',
     'build_optim_wrapper': 'optim',
+    'precision_support': 'precision',
     'LossScaler': 'scaler',
     'patch_forward_method': 'wrap',
     'patch_norm_fp32': 'wrap',
