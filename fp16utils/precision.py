@@ -15,7 +15,7 @@ import torch
 
 from . import _torch
 
-__all__ = ['AUTO', 'auto_dtype', 'precision_support']
+__all__ = ['AUTO', 'auto_dtype', 'precision_summary', 'precision_support']
 
 #: The ``dtype`` value that asks for the best dtype of the device.
 AUTO = 'auto'
@@ -129,3 +129,19 @@ def auto_dtype(device: Union[str, torch.device, None] = None, probe: Any = None
         f"dtype='auto': neither low-precision dtype is native on {where} (bfloat16 "
         f'{support[torch.bfloat16]}, float16 {support[torch.float16]}), so the forward runs '
         'in float32; pass dtype=\'bfloat16\' or \'float16\' to force one.')
+
+
+def precision_summary(device: Union[str, torch.device, None] = None) -> str:
+    """One line for ``fp16utils env`` and the demo: each dtype's level, and what 'auto' picks.
+
+    Example:
+        >>> precision_summary('cpu').startswith('float16 ')
+        True
+    """
+    _, _, levels = _levels(device, None, 'precision_summary')
+    text = ', '.join(f'{_name(d)} {level}' for d, level in levels.items())
+    return f"{text} (dtype='auto' -> {_name(auto_dtype(device)[0])})"
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).replace('torch.', '')
