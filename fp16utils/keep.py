@@ -19,7 +19,7 @@ Example:
 from __future__ import annotations
 
 import fnmatch
-from typing import Any, Callable, Iterable, List, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, List, Mapping, Optional, Sequence, Union
 
 import torch
 from torch import nn
@@ -99,7 +99,7 @@ def check_fp32_modules(modules: Fp32Modules, where: str = 'keep_fp32'
         return []
     if isinstance(modules, (str, type)):
         modules = [modules]
-    if not isinstance(modules, Iterable):
+    if not isinstance(modules, Iterable) or isinstance(modules, (Mapping, bytes, nn.Module)):
         raise TypeError(
             f'{where}: modules must be a name pattern, an nn.Module class, a class name, or a '
             f'list of them, got {type(modules).__name__} ({modules!r}).')

@@ -58,7 +58,7 @@ def resolve_cast_dtype(dtype: Any) -> torch.dtype:
         full = _FULL_PRECISION.get(dtype.lower().replace('torch.', ''))
         if full is not None:
             return full
-        if dtype == AUTO:
+        if dtype.lower() == AUTO:
             return torch.float16
     elif dtype in _FULL_PRECISION.values():
         return dtype
@@ -219,7 +219,7 @@ class AmpOptimWrapper(OptimWrapper):
         params = flat_params(optimizer)
         #: Why dtype='auto' fell back to float32 (logged at the first optim_context).
         self.auto_reason: Optional[str] = None
-        if isinstance(dtype, str) and dtype == AUTO:
+        if isinstance(dtype, str) and dtype.lower() == AUTO:
             dtype, self.auto_reason = auto_dtype(params[0].device if params else None)
         self.dtype: torch.dtype = resolve_cast_dtype(dtype)
         #: The ``dtype`` argument as a torch dtype (None stays None), as MMEngine keeps it.
@@ -250,7 +250,7 @@ class AmpOptimWrapper(OptimWrapper):
                 raise ValueError(
                     f'{owner}: the legacy backend runs a float16 or bfloat16 model without '
                     f'FSDP; got dtype={self.dtype}, use_fsdp={use_fsdp}: use '
-                    "backend='native'.")
+                    "backend='native'." + (f' ({self.auto_reason})' if self.auto_reason else ''))
             self._engine = LegacyEngine(optimizer, spec, self.dtype, owner, nonfinite, clip)
             wrap_fp16_model(model, self.dtype, backend='legacy', fp32_modules=fp32_modules)
             self._fp32_done.add(model)
