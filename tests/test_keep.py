@@ -52,6 +52,10 @@ class Head(nn.Module):
 
 
 class Net(nn.Module):
+    """Runs under autocast with its LayerNorm kept in float32: autocast on the CPU of older
+    torch cannot feed float32 norm weights low-precision inputs (that is what keep_fp32
+    is for); the tests that run it name nn.LayerNorm among the kept modules."""
+
     def __init__(self):
         super().__init__()
         self.backbone = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4), MyDeform())
@@ -133,7 +137,7 @@ def test_patterns_classes_and_class_names_pick_the_modules(modules, expected):
 
 def test_kept_module_runs_in_float32_under_autocast_and_others_do_not():
     model = Net()
-    keep_fp32(model, 'roi_head.reg')
+    keep_fp32(model, ['roi_head.reg', nn.LayerNorm])
     with autocast():
         cls, reg = model(x4())
     assert cls.dtype == LOW and reg.dtype == F32
@@ -169,7 +173,7 @@ def test_half_inputs_are_cast_and_other_inputs_left_alone():
 def test_applying_twice_does_not_wrap_twice_and_state_dict_keys_are_unchanged():
     model = Net()
     keys = list(model.state_dict())
-    keep_fp32(model, 'roi_head.*')
+    keep_fp32(model, ['roi_head.*', 'backbone.1'])
     first = model.roi_head.cls.forward
     keep_fp32(model, ['roi_head.cls', nn.Linear])
     assert model.roi_head.cls.forward is first
@@ -236,9 +240,9 @@ def test_bad_types_are_type_errors():
 
 @pytest.mark.parametrize('roundtrip', [copy.deepcopy, pickle_roundtrip, torch_save_roundtrip])
 def test_copies_keep_float32_forwards_that_run_the_copy(roundtrip):
-    model = keep_fp32(Net(), ['roi_head.reg', 'DeformConv2d'])
+    model = keep_fp32(Net(), ['roi_head.reg', 'DeformConv2d', 'LayerNorm'])
     clone = roundtrip(model)
-    assert kept_fp32(clone) == ['backbone.2', 'roi_head.reg']
+    assert kept_fp32(clone) == ['backbone.1', 'backbone.2', 'roi_head.reg']
     assert clone.roi_head.reg.forward.owner is clone.roi_head.reg
     with torch.no_grad():
         clone.roi_head.reg.weight.add_(1.0)  # the copy's forward must use the copy's weights
@@ -276,8 +280,9 @@ def test_compiles_fullgraph_without_graph_breaks():
 
 def test_wrap_fp16_model_native_keeps_the_named_modules_in_float32():
     _caps.require(LOW, 'native', scaled=False)
-    model = wrap_fp16_model(Net(), dtype=LOW, backend='native', fp32_modules=['roi_head.cls'])
-    assert kept_fp32(model) == ['roi_head.cls']
+    model = wrap_fp16_model(Net(), dtype=LOW, backend='native',
+                            fp32_modules=['roi_head.cls', 'LayerNorm'])
+    assert kept_fp32(model) == ['backbone.1', 'roi_head.cls']
     assert model.roi_head.cls.weight.dtype == F32
     with autocast():
         cls, reg = model(x4())
@@ -312,12 +317,14 @@ def test_amp_wrapper_applies_fp32_modules_at_the_first_context_and_trains():
     _caps.require(LOW, 'native', scaled=False)
     model = Net()
     wrapper = AmpOptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1), dtype=LOW,
-                              fp32_modules=['roi_head.reg'], loss_scale=dict(init_scale=1.))
+                              fp32_modules=['roi_head.reg', nn.LayerNorm],
+                              loss_scale=dict(init_scale=1.))
     assert kept_fp32(model) == []  # not before the first optim_context
     before = model.roi_head.reg.weight.detach().clone()
     with wrapper.optim_context(model):
         cls, reg = model(x4())
-    assert (cls.dtype, reg.dtype) == (LOW, F32) and kept_fp32(model) == ['roi_head.reg']
+    assert (cls.dtype, reg.dtype) == (LOW, F32)
+    assert kept_fp32(model) == ['backbone.1', 'roi_head.reg']
     wrapper.update_params(cls.float().sum() + reg.sum())
     assert not torch.equal(model.roi_head.reg.weight, before)
     forward = model.roi_head.reg.forward
@@ -330,11 +337,11 @@ def test_amp_wrapper_looks_through_data_parallel_for_the_names():
     _caps.require(LOW, 'native', scaled=False)
     model = Net()
     wrapper = AmpOptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1), dtype=LOW,
-                              fp32_modules='roi_head.cls', model=model)
+                              fp32_modules=['roi_head.cls', 'LayerNorm'], model=model)
     parallel = nn.DataParallel(model)  # no GPU: runs the module itself
     with wrapper.optim_context(parallel):
         cls, _ = parallel(x4())
-    assert cls.dtype == F32 and kept_fp32(model) == ['roi_head.cls']
+    assert cls.dtype == F32 and kept_fp32(model) == ['backbone.1', 'roi_head.cls']
 
 
 def test_amp_wrapper_checks_fp32_modules_against_the_model_up_front():
@@ -372,7 +379,7 @@ def test_build_optim_wrapper_takes_fp32_modules():
     _caps.require(LOW, 'native', scaled=False)
     model = Net()
     wrapper = build_optim_wrapper(model, dict(
-        type='AmpOptimWrapper', dtype=_caps.NAMES[LOW], fp32_modules=['roi_head.*'],
+        type='AmpOptimWrapper', dtype=_caps.NAMES[LOW], fp32_modules=['roi_head.*', 'backbone.1'],
         optimizer=dict(type='SGD', lr=0.1)))
     with wrapper.optim_context(model):
         cls, reg = model(x4())
@@ -417,7 +424,7 @@ def test_the_fp16utils_logger_is_quiet_when_nothing_needs_saying(caplog):
     _caps.require(LOW, 'native', scaled=False)
     model = Net()
     wrapper = AmpOptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1), dtype=LOW,
-                              fp32_modules='roi_head.reg')
+                              fp32_modules=['roi_head.reg', nn.LayerNorm])
     with caplog.at_level(logging.INFO, logger='fp16utils'):
         with wrapper.optim_context(model):
             model(x4())
