@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
     from .engine import StepResult
     from .followers import skip_aware
     from .hooks import Fp16OptimizerHook, GradientCumulativeFp16OptimizerHook
+    from .keep import keep_fp32, kept_fp32
     from .migrate import (
         ConfigConversionError,
         FileChange,
@@ -41,6 +42,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
     )
     from .mmcv import patch_mmcv, unpatch_mmcv
     from .optim import AmpOptimWrapper, OptimWrapper, OptimWrapperDict, build_optim_wrapper
+    from .precision import precision_support
     from .scaler import LossScaler
     from .wrap import patch_forward_method, patch_norm_fp32, wrap_fp16_model
 
@@ -73,10 +75,13 @@ __all__ = [
     'fix_imports',
     'force_fp32',
     'has_native_amp',
+    'keep_fp32',
+    'kept_fp32',
     'nonfinite_summary',
     'patch_forward_method',
     'patch_mmcv',
     'patch_norm_fp32',
+    'precision_support',
     'scan',
     'skip_aware',
     'unpatch_mmcv',
@@ -100,6 +105,8 @@ _EXPORTS = {
     'skip_aware': 'followers',
     'Fp16OptimizerHook': 'hooks',
     'GradientCumulativeFp16OptimizerHook': 'hooks',
+    'keep_fp32': 'keep',
+    'kept_fp32': 'keep',
     'patch_mmcv': 'mmcv',
     'unpatch_mmcv': 'mmcv',
     'ConfigConversionError': 'migrate',
@@ -115,6 +122,7 @@ _EXPORTS = {
     'OptimWrapper': 'optim',
     'OptimWrapperDict': 'optim',
     'build_optim_wrapper': 'optim',
+    'precision_support': 'precision',
     'LossScaler': 'scaler',
     'patch_forward_method': 'wrap',
     'patch_norm_fp32': 'wrap',

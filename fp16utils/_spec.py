@@ -493,3 +493,17 @@ def nonfinite_error(step: int, why: str) -> FloatingPointError:
         f'step {step}: non-finite gradients (inf/nan) {why}; the update was not applied '
         '(parameters and optimizer state are unchanged). Look for the cause with '
         "fp16utils.find_overflow(model), or pass nonfinite='warn' to skip such steps.")
+
+
+def check_cache_enabled(cache_enabled: Any, owner: str) -> Optional[bool]:
+    """Check ``optim_context``'s ``cache_enabled``: None, True or False.
+
+    Example:
+        >>> check_cache_enabled(False, 'AmpOptimWrapper')
+        False
+    """
+    if cache_enabled is None or isinstance(cache_enabled, bool):
+        return cache_enabled
+    raise TypeError(
+        f'{owner}.optim_context: cache_enabled must be None (torch\'s default), True or '
+        f'False, got {cache_enabled!r} ({type(cache_enabled).__name__}).')

@@ -46,6 +46,7 @@ def cmd_env(args: argparse.Namespace, out: TextIO) -> int:
     import torch
 
     from . import __version__, _torch
+    from .precision import precision_summary
 
     rows: list[tuple[str, str]] = [
         ('fp16utils', __version__),
@@ -58,6 +59,8 @@ def cmd_env(args: argparse.Namespace, out: TextIO) -> int:
         rows.append((f'device {device_type}', name))
         rows.append(('  autocast dtypes', ', '.join(dtypes) or 'none'))
         rows.extend((f'  {dtype}', what) for dtype, what in _torch.capability_rows(device_type))
+        rows.append(('  precision', precision_summary(
+            name.split(' ', 1)[0] if name.startswith('cuda:') else device_type)))
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         out.write(f'{key.ljust(width)}  {value}\n')
@@ -310,8 +313,9 @@ def build_parser() -> argparse.ArgumentParser:
     migrate.add_argument('-o', '--output', help='write here instead of stdout')
     migrate.add_argument('--amp', action='store_true',
                          help='turn the optimizer wrapper(s) into AmpOptimWrapper')
-    migrate.add_argument('--dtype', choices=('float16', 'bfloat16'), default=None,
-                         help='with --amp: the low-precision dtype')
+    migrate.add_argument('--dtype', choices=('float16', 'bfloat16', 'auto'), default=None,
+                         help="with --amp: the low-precision dtype ('auto': the native one "
+                              'of the device, picked when the wrapper is built)')
     migrate.add_argument('--strict', action='store_true',
                          help='fail (exit 1) when something cannot be converted safely')
     migrate.set_defaults(func=cmd_migrate)

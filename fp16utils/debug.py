@@ -216,10 +216,33 @@ class OverflowReport:
             'unwatched': list(self.unwatched),
         }
 
+    def suggest(self) -> Optional[str]:
+        """The ``fp32_modules`` entry that would have kept the first bad module in float32.
+
+        The qualified name of :attr:`first_module`, ready for
+        ``AmpOptimWrapper(..., fp32_modules=[...])``, ``wrap_fp16_model(...,
+        fp32_modules=[...])`` or ``keep_fp32(model, [...])``; ``'*'`` when it is
+        the model itself; None when the report is clean.
+
+        Example:
+            >>> OverflowReport().suggest() is None
+            True
+        """
+        first = self.first_module
+        if first is None:
+            return None
+        return '*' if first == ROOT_NAME else first
+
     def hints(self) -> List[str]:
         """Suggestions that follow from what was found (may be empty)."""
         out = []
         fwd, bwd = self.forward, self.backward
+        entry = self.suggest()
+        if entry is not None and entry != '*':
+            out.append(
+                f'to run {entry!r} in float32 under autocast, pass fp32_modules=[{entry!r}] '
+                'to AmpOptimWrapper (or wrap_fp16_model, or keep_fp32(model, '
+                f'[{entry!r}])).')
         if fwd is not None and fwd.inputs_finite is False:
             out.append(
                 f'the inputs of {fwd.where!r} were already non-finite: the values went '

@@ -278,7 +278,69 @@ def _switched(func: F, supported_types: tuple, decorator: str,
             return func(*args, **kwargs)
         return run(owner, state, args, kwargs)
 
+    wrapper._fp16utils_decorated = True  # type: ignore[attr-defined]
     return wrapper  # type: ignore[return-value]
+
+
+def fp32_plan(func: Callable[..., Any]) -> _CastPlan:
+    """The cast plan of :func:`run_fp32` for ``func``: every argument after the first.
+
+    Example:
+        >>> fp32_plan(lambda self, x: x).all_args
+        True
+    """
+    return _CastPlan(func, None, 'force_fp32')
+
+
+def run_fp32(plan: _CastPlan, func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    """Call ``func`` as ``@force_fp32`` does: half arguments to float32, autocast off.
+
+    The core that :func:`force_fp32` and :func:`fp16utils.keep.keep_fp32` share:
+    the float16/bfloat16 arguments ``plan`` names become float32 and, where
+    autocast is on for their device, ``func`` runs with it turned off. The
+    output is returned as it is.
+
+    Args:
+        plan: From :func:`fp32_plan` (or the decorator's own plan).
+        func: The function; ``args[0]`` is its owner (``self``).
+        args: Positional arguments, the owner first.
+        kwargs: Keyword arguments.
+
+    Returns:
+        What ``func`` returns.
+
+    Example:
+        >>> f = lambda self, x: x
+        >>> run_fp32(fp32_plan(f), f, (None, torch.ones(1).half()), {}).dtype
+        torch.float32
+    """
+    if plan.all_args and not kwargs:
+        args, device_type = _cast_positional(args, _LOW, torch.float32)
+    else:
+        seen: list = []
+        args, kwargs = plan.cast(args, kwargs, _LOW, torch.float32, seen)
+        device_type = seen[0] if seen else None
+    if device_type is None:
+        device_type = _find_device_type(args, kwargs, ())
+    if _torch.has_native_amp() and _torch.autocast_state(device_type)[0]:
+        return _torch.call_autocast(device_type, None, False, func, *args, **kwargs)
+    return func(*args, **kwargs)
+
+
+def undecorated(func: Callable[..., Any]) -> Callable[..., Any]:
+    """``func`` without the :func:`auto_fp16` / :func:`force_fp32` layers on top of it.
+
+    Only this package's decorators are peeled off (any other decorator stays).
+
+    Example:
+        >>> def f(self, x):
+        ...     return x
+        >>> undecorated(auto_fp16()(force_fp32()(f))) is f
+        True
+    """
+    while getattr(func, '_fp16utils_decorated', False):
+        func = func.__wrapped__  # type: ignore[attr-defined]
+    return func
 
 
 def auto_fp16(apply_to: Optional[Iterable[str]] = None, out_fp32: bool = False,
@@ -405,22 +467,9 @@ def force_fp32(apply_to: Optional[Iterable[str]] = None, out_fp16: bool = False,
 
     def decorator(func: F) -> F:
         plan = _CastPlan(func, apply_to, 'force_fp32')
-        positional = plan.all_args  # no kwargs in a call: the fast positional cast
 
         def run(owner: Any, state: Mapping[str, Any], args: tuple, kwargs: dict) -> Any:
-            if positional and not kwargs:
-                args, device_type = _cast_positional(args, _LOW, torch.float32)
-            else:
-                seen: list = []
-                args, kwargs = plan.cast(args, kwargs, _LOW, torch.float32, seen)
-                device_type = seen[0] if seen else None
-            if device_type is None:
-                device_type = _find_device_type(args, kwargs, ())
-            if _torch.has_native_amp() and _torch.autocast_state(device_type)[0]:
-                output = _torch.call_autocast(device_type, None, False, func,
-                                              *args, **kwargs)
-            else:
-                output = func(*args, **kwargs)
+            output = run_fp32(plan, func, args, kwargs)
             if out_fp16:
                 low = _owner_dtype(owner)
                 output = _cast(output, _FLOAT, low, None)

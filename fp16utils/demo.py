@@ -25,6 +25,7 @@ from torch import nn
 
 from . import _torch
 from .optim import AmpOptimWrapper, OptimWrapper
+from .precision import precision_summary
 
 __all__ = ['MODES', 'ModeResult', 'plot_results', 'run_demo']
 
@@ -229,7 +230,8 @@ def _table(results: list[ModeResult], device: str) -> str:
         rows.append((r.mode, f'{r.steps_per_s:.1f}', f'{r.speedup:.2f}x', mem,
                      f'{r.final_loss:.4f}', str(r.scale_changes), str(r.skipped_steps)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-    lines = [f'device: {device} | torch {torch.__version__}']
+    lines = [f'device: {device} | torch {torch.__version__}',
+             f'precision: {precision_summary(device)}']
     for j, row in enumerate(rows):
         lines.append('  '.join(c.ljust(w) if i == 0 else c.rjust(w)
                                for i, (c, w) in enumerate(zip(row, widths))))

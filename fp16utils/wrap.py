@@ -20,6 +20,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from . import _torch
 from .cast import _cast
+from .keep import Fp32Modules, keep_fp32, match_modules
 
 __all__ = ['patch_forward_method', 'patch_norm_fp32', 'wrap_fp16_model']
 
@@ -172,7 +173,8 @@ def _patch_norms(module: nn.Module, low: torch.dtype) -> None:
 
 
 def wrap_fp16_model(model: nn.Module, dtype: Union[torch.dtype, str, None] = None,
-                    backend: Optional[str] = None) -> nn.Module:
+                    backend: Optional[str] = None,
+                    fp32_modules: Fp32Modules = None) -> nn.Module:
     """Prepare a float32 model for mixed-precision training.
 
     Native backend: sets ``fp16_enabled = True`` on every submodule that has
@@ -189,14 +191,18 @@ def wrap_fp16_model(model: nn.Module, dtype: Union[torch.dtype, str, None] = Non
             ``'legacy'`` where torch.autocast cannot run ``dtype``, or the model's
             GroupNorm/LayerNorm in it, on the model's device but the kernels
             exist: see ``fp16utils._torch.backend_for``).
+        fp32_modules: Modules to run in float32 (:func:`fp16utils.keep_fp32`:
+            name patterns, classes, class names). On the legacy backend their
+            weights stay float32 too and their outputs go back to ``dtype``.
 
     Returns:
         ``model`` itself (modified in place).
 
     Raises:
         ValueError: When torch has no ``dtype`` kernels on the model's device
-            (the message names the dtype that works), or ``backend='native'``
-            cannot run ``dtype`` there.
+            (the message names the dtype that works), ``backend='native'``
+            cannot run ``dtype`` there, or an ``fp32_modules`` entry matches
+            no module (nothing is changed then).
         TypeError: ``model`` is not a module, or the legacy backend is asked
             to convert a model holding TorchScript modules. Nothing is changed.
 
@@ -218,10 +224,12 @@ def wrap_fp16_model(model: nn.Module, dtype: Union[torch.dtype, str, None] = Non
     # None falls back to 'legacy' where autocast cannot run low (or this model's norms) there.
     backend = _torch.backend_for(backend, 'cpu' if first is None else first.device.type, low,
                                  model)
+    match_modules(model, fp32_modules, 'wrap_fp16_model(fp32_modules=...)')  # before changes
     if backend == 'legacy':
         _refuse_scripted(model, "wrap_fp16_model(backend='legacy')")
         model.to(low)
         _patch_norms(model, low)
+    keep_fp32(model, fp32_modules, low if backend == 'legacy' else None)
     for module in model.modules():
         if hasattr(module, 'fp16_enabled'):
             # The flag goes last: a call in another thread meanwhile runs either

@@ -26,7 +26,13 @@ __all__ = [
     'BACKEND_ENV',
     'BACKENDS',
     'TORCH_VERSION',
+    'LEVELS',
     'autocast_for',
+    'best_device_type',
+    'cpu_isa_flags',
+    'precision_level',
+    'speed_probe',
+    'table_level',
     'autocast_norms_support',
     'autocast_supports',
     'backend_for',
@@ -281,7 +287,8 @@ def needs_loss_scaling(dtype: torch.dtype) -> bool:
 
 
 def autocast_for(device_type: str, dtype: torch.dtype | None = None,
-                 enabled: bool = True) -> ContextManager[Any]:
+                 enabled: bool = True, cache_enabled: bool | None = None
+                 ) -> ContextManager[Any]:
     """Return the autocast context for one device type.
 
     Uses ``torch.autocast(device_type=...)``; on a torch without native AMP it
@@ -291,6 +298,10 @@ def autocast_for(device_type: str, dtype: torch.dtype | None = None,
         device_type: ``'cpu'``, ``'cuda'``, ``'mps'``, ``'xpu'``, ``'npu'``, ...
         dtype: The low-precision dtype; None keeps torch's default for the device.
         enabled: False gives a context that disables autocast on that device.
+        cache_enabled: ``torch.autocast``'s weight-cast cache inside the context
+            (None: torch's default, on). False avoids pytorch#105211 (a weight
+            cast under ``no_grad`` reused by a later forward that needs its
+            gradient). Ignored by torch < 1.10's CUDA-only autocast.
 
     Returns:
         A context manager.
@@ -311,9 +322,10 @@ def autocast_for(device_type: str, dtype: torch.dtype | None = None,
         # torch.autocast warns for such a pair (older torch raises on entry); off is
         # what it would give, and the dtype of a disabled autocast does not matter.
         return torch.autocast(device_type=device_type, enabled=False)
+    extra = {} if cache_enabled is None else {'cache_enabled': cache_enabled}
     if dtype is None:
-        return torch.autocast(device_type=device_type, enabled=enabled)
-    return torch.autocast(device_type=device_type, dtype=dtype, enabled=enabled)
+        return torch.autocast(device_type=device_type, enabled=enabled, **extra)
+    return torch.autocast(device_type=device_type, dtype=dtype, enabled=enabled, **extra)
 
 
 def call_autocast(device_type: str, dtype: torch.dtype | None, enabled: bool,
@@ -601,14 +613,20 @@ def _restore_autocast_state(device_type: str, state: tuple[bool, Any]) -> None:
 # The rest of the torch layer, one concern a module, re-exported here so that the
 # package reads ``_torch.name`` whatever module defines it.
 from .caps import (  # noqa: E402
+    LEVELS,
     autocast_norms_support,
     backend_for,
+    best_device_type,
     capability_rows,
     check_dtype,
+    cpu_isa_flags,
     fused_check_supports,
     grad_scaler_supports,
     kernels_support,
     native_reason,
+    precision_level,
+    speed_probe,
+    table_level,
 )
 from .compat import (  # noqa: E402
     clip_grad_norm_,

@@ -9,7 +9,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
@@ -264,3 +264,151 @@ def capability_rows(device_type: str) -> list[tuple[str, str]]:
 
 
 _NORMS_MODEL = torch.nn.GroupNorm(1, 1)
+
+
+# =============================================================================
+# Native or emulated: does the hardware compute in the dtype, or does torch
+# convert to float32 and back? A capability table first (CUDA compute
+# capability, the CPU's ISA flags, MPS); where it cannot tell, a short timed
+# matrix product in the dtype against float32 (speed_probe), once per process.
+# =============================================================================
+
+#: The answers of :func:`precision_level`, best first.
+LEVELS = ('native', 'emulated', 'unsupported')
+#: CPU ISA flags (``/proc/cpuinfo``) that give native arithmetic in each dtype.
+_CPU_NATIVE_FLAGS = {
+    torch.bfloat16: frozenset({'avx512_bf16', 'amx_bf16', 'bf16'}),  # x86; aarch64 'bf16'
+    torch.float16: frozenset({'avx512_fp16', 'amx_fp16', 'asimdhp'}),  # x86; aarch64 fp16
+}
+#: CUDA: the first compute capability with native arithmetic worth having. bfloat16:
+#: Ampere (sm_80). float16: tensor cores from Volta (sm_70); sm_53/sm_60/sm_62 also
+#: run float16 at twice the float32 rate; other Pascal/Maxwell parts are slower than
+#: float32 there (emulated in all but name).
+_CUDA_NATIVE = {torch.bfloat16: (8, 0), torch.float16: (7, 0)}
+_CUDA_FAST_FP16 = frozenset({(5, 3), (6, 0), (6, 2)})
+_speed_cache: dict = {}
+_cpu_flags: list = []
+
+
+def cpu_isa_flags() -> frozenset:
+    """The CPU's ISA flags as ``/proc/cpuinfo`` lists them (empty where it cannot be read).
+
+    Example:
+        >>> isinstance(cpu_isa_flags(), frozenset)
+        True
+    """
+    if not _cpu_flags:
+        flags: frozenset = frozenset()
+        try:
+            with open('/proc/cpuinfo', encoding='utf-8', errors='replace') as f:
+                for line in f:
+                    key, _, value = line.partition(':')
+                    if key.strip() in ('flags', 'Features'):
+                        flags = frozenset(value.split())
+                        break
+        except OSError:
+            pass
+        _cpu_flags.append(flags)
+    return _cpu_flags[0]
+
+
+def table_level(device_type: str, dtype: torch.dtype, index: Optional[int] = None
+                ) -> Optional[str]:
+    """What the capability table says about ``dtype`` on the device (None: it cannot tell).
+
+    ``'unsupported'`` where torch has no kernels (:func:`kernels_support`);
+    CUDA by compute capability (ROCm: None), the CPU by its ISA flags, MPS
+    natively in both where the kernels exist; other devices: None.
+
+    Example:
+        >>> table_level('cpu', torch.bfloat16) in (None, 'native', 'emulated')
+        True
+    """
+    if not kernels_support(device_type, dtype):
+        return 'unsupported'
+    if device_type == 'cuda':
+        if getattr(torch.version, 'hip', None):
+            return None
+        capability = tuple(torch.cuda.get_device_capability(index))
+        if capability >= _CUDA_NATIVE[dtype]:
+            return 'native'
+        fast = dtype == torch.float16 and capability in _CUDA_FAST_FP16
+        return 'native' if fast else 'emulated'
+    if device_type == 'cpu':
+        flags = cpu_isa_flags()
+        if not flags or not ({'sse2', 'fp', 'asimd'} & flags):  # neither x86 nor arm64
+            return None
+        return 'native' if flags & _CPU_NATIVE_FLAGS[dtype] else 'emulated'
+    if device_type == 'mps':
+        return 'native'
+    return None
+
+
+def speed_probe(device_type: str, dtype: torch.dtype, index: Optional[int] = None) -> str:
+    """Time a matrix product in ``dtype`` against float32: ``'native'`` when clearly faster.
+
+    A few milliseconds: warm-up first, then the best of three runs of each.
+    Tests replace it (``precision_level(..., probe=...)`` or by patching).
+
+    Example:
+        >>> speed_probe('cpu', torch.bfloat16) in ('native', 'emulated')
+        True
+    """
+    import time
+
+    device = torch.device(device_type, index) if index is not None else torch.device(
+        device_type)
+    n = 128 if device_type == 'cpu' else 1024
+
+    def best(dt: torch.dtype) -> float:
+        a = torch.ones(n, n, device=device, dtype=dt)
+        times = []
+        for i in range(5):
+            start = time.perf_counter()
+            for _ in range(4):
+                a = torch.mm(a, a) * (1.0 / n)
+            a.sum().item()  # waits for the device
+            if i >= 2:  # the first two runs warm up
+                times.append(time.perf_counter() - start)
+        return min(times)
+
+    return 'native' if best(dtype) < 0.9 * best(torch.float32) else 'emulated'
+
+
+def precision_level(device_type: str, dtype: torch.dtype, index: Optional[int] = None,
+                    probe: Optional[Any] = None) -> str:
+    """``'native'``, ``'emulated'`` or ``'unsupported'`` for ``dtype`` on one device.
+
+    The table (:func:`table_level`) decides where it can; otherwise the probe
+    (``probe(device_type, dtype, index)``, default :func:`speed_probe`) runs,
+    once per process per device and dtype unless a probe is passed in.
+
+    Example:
+        >>> precision_level('cpu', torch.float16, probe=lambda *a: 'emulated') in LEVELS
+        True
+    """
+    level = table_level(device_type, dtype, index)
+    if level is not None:
+        return level
+    if probe is not None:
+        return probe(device_type, dtype, index)
+    key = (device_type, index, dtype)
+    if key not in _speed_cache:
+        try:
+            _speed_cache[key] = speed_probe(device_type, dtype, index)
+        except Exception:  # noqa: BLE001 - a device that cannot run it: no support
+            _speed_cache[key] = 'unsupported'
+    return _speed_cache[key]
+
+
+def best_device_type() -> str:
+    """The device a run picks when none is named: cuda, then mps, then xpu, then cpu.
+
+    Example:
+        >>> best_device_type() in ('cuda', 'mps', 'xpu', 'cpu')
+        True
+    """
+    for kind in ('cuda', 'mps', 'xpu'):
+        if device_present(kind):
+            return kind
+    return 'cpu'

@@ -195,11 +195,15 @@ def enable_amp(cfg: Mapping[str, Any], dtype: Optional[str] = None) -> dict[str,
     ``MultiOptimWrapperConstructor`` config) becomes ``type='AmpOptimWrapper'`` with
     ``loss_scale='dynamic'`` (a loss_scale already there is kept), and ``dtype=dtype``
     when one is given. ``'bfloat16'`` needs no loss scaling, so none is added.
+    ``'auto'`` is written as it is: the wrapper resolves it when it is built
+    (bfloat16 where native on the model's device, else float16 with the dynamic
+    loss scale, else float32).
     A wrapper that is already an ``AmpOptimWrapper`` is left as it is, with a warning.
 
     Args:
         cfg: a 1.x config (with ``optim_wrapper``). Not modified.
-        dtype: ``None`` (the wrapper's default, float16), ``'float16'`` or ``'bfloat16'``.
+        dtype: ``None`` (the wrapper's default, float16), ``'float16'``, ``'bfloat16'``
+            or ``'auto'``.
 
     Returns:
         A new config dict.
@@ -219,10 +223,10 @@ def enable_amp(cfg: Mapping[str, Any], dtype: Optional[str] = None) -> dict[str,
     """
     if not isinstance(cfg, Mapping):
         raise TypeError(f'expected the config as a dict, got {type(cfg).__name__}')
-    if dtype not in (None, 'float16', 'bfloat16'):
+    if dtype not in (None, 'float16', 'bfloat16', 'auto'):
         raise ValueError(
-            f"dtype must be None, 'float16' or 'bfloat16', got {dtype!r}; pass one of these "
-            'names as a string'
+            f"dtype must be None, 'float16', 'bfloat16' or 'auto', got {dtype!r}; pass one of "
+            'these names as a string'
         )
     if not isinstance(cfg.get('optim_wrapper'), Mapping):
         old = [k for k in ('optimizer', 'optimizer_config', 'fp16') if k in cfg]

@@ -24,10 +24,12 @@ import torch
 from torch import nn
 
 from .. import _torch
-from .._spec import check_nonfinite_policy, parse_loss_scale
+from .._spec import check_cache_enabled, check_nonfinite_policy, parse_loss_scale
 from ..cast import cast_tensor_type
 from ..engine import LegacyEngine, NativeEngine, OverflowGuard, ResumeState, flat_params
 from ..engine.ranks import check_setting
+from ..keep import Fp32Modules, check_fp32_modules, keep_fp32, match_modules
+from ..precision import AUTO, auto_dtype
 from ..scaler import LossScaler
 from ..wrap import wrap_fp16_model
 from .wrapper import _NULL_CONTEXT, OptimWrapper
@@ -37,6 +39,7 @@ __all__ = ['AmpOptimWrapper', 'deferred_model_conversion', 'resolve_cast_dtype']
 _Tensor = torch.Tensor
 _UNSET: Any = object()
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
+_PARALLEL = (nn.DataParallel, nn.parallel.DistributedDataParallel)
 #: Full precision dtypes MMEngine accepts: the forward then runs without autocast.
 _FULL_PRECISION = {'float32': torch.float32, 'float64': torch.float64}
 
@@ -76,9 +79,10 @@ def deferred_model_conversion() -> Iterator[List[Callable[[], Any]]]:
         _deferred.pending = outer
 
 
-def _convert_model(model: nn.Module, dtype: torch.dtype) -> None:
+def _convert_model(model: nn.Module, dtype: torch.dtype, fp32_modules: Any = None) -> None:
     """Convert ``model`` for the legacy backend now, or later inside a deferral."""
-    convert = functools.partial(wrap_fp16_model, model, dtype, backend='legacy')
+    convert = functools.partial(wrap_fp16_model, model, dtype, backend='legacy',
+                                fp32_modules=fp32_modules)
     pending = getattr(_deferred, 'pending', None)
     if pending is None:
         convert()
@@ -91,7 +95,9 @@ def resolve_cast_dtype(dtype: Any) -> torch.dtype:
 
     float16 and bfloat16 (or their names) autocast; ``'float32'`` and
     ``'float64'`` (or the torch dtypes), which MMEngine accepts too, run the
-    forward without autocast and need no loss scaling.
+    forward without autocast and need no loss scaling. ``'auto'`` is checked
+    here and resolved by the wrapper (its parameters' device): it returns
+    float16, the dtype of a config that does not name one.
 
     Example:
         >>> resolve_cast_dtype('float64'), resolve_cast_dtype(None)
@@ -101,14 +107,16 @@ def resolve_cast_dtype(dtype: Any) -> torch.dtype:
         full = _FULL_PRECISION.get(dtype.lower().replace('torch.', ''))
         if full is not None:
             return full
+        if dtype.lower() == AUTO:
+            return torch.float16
     elif dtype in _FULL_PRECISION.values():
         return dtype
     try:
         return _torch.resolve_dtype(dtype)
     except ValueError:
         raise ValueError(f"Unsupported dtype {dtype!r}; expected 'float16', 'bfloat16', "
-                         "'float32' or 'float64' (or the torch dtypes), or None for "
-                         'float16.') from None
+                         "'float32' or 'float64' (or the torch dtypes), 'auto' for the best "
+                         'native one, or None for float16.') from None
 
 
 def _bind_loss_scale(owner: str, positional: Any, optimizer: Any,
@@ -179,7 +187,11 @@ class AmpOptimWrapper(OptimWrapper):
         dtype: ``torch.float16`` (default) or ``torch.bfloat16`` (or their
             names). bfloat16 needs no loss scaling and gets none.
             ``'float32'`` / ``'float64'`` run the forward without autocast
-            (and without loss scaling), as a switch in a config.
+            (and without loss scaling), as a switch in a config. ``'auto'``:
+            bfloat16 where it is native on the parameters' device
+            (:func:`fp16utils.precision_support`), else float16 (with
+            ``loss_scale``) where that is native, else float32, said in one
+            log line (:attr:`auto_reason`) at the first :meth:`optim_context`.
         use_fsdp: Set it when the parameters are sharded across ranks (FSDP):
             the ranks then agree on a skip (one all-reduce of the found-inf
             flag per step), as MMEngine's ``ShardedGradScaler`` makes them.
@@ -214,11 +226,20 @@ class AmpOptimWrapper(OptimWrapper):
             ranks that do not train one model) or a process group to agree
             within. While they agree, every rank must step the same number of
             times (see :mod:`fp16utils.engine.ranks`).
+        fp32_modules: Submodules to run in float32 under autocast
+            (:func:`fp16utils.keep_fp32`: name patterns such as
+            ``'roi_head.*'``, classes, class names), applied to the model at
+            the first :meth:`optim_context` (names relative to the model given
+            there, a DDP/DataParallel wrapper looked through) and checked
+            against ``model`` now when it is given. Legacy backend: applied
+            when the model is converted; those modules keep float32 weights.
 
     Attributes:
         dtype: The resolved dtype (float16 when ``dtype=None``).
-        cast_dtype: ``dtype`` as given, as a torch dtype (None stays None),
-            the attribute MMEngine's wrapper has.
+        cast_dtype: ``dtype`` as given, as a torch dtype (None stays None;
+            ``'auto'`` gives the resolved dtype), the attribute MMEngine's
+            wrapper has.
+        auto_reason: Why ``dtype='auto'`` fell back to float32 (else None).
         skipped_steps: Steps skipped for non-finite gradients.
         scale_history: ``(step, scale)`` at the start and at each change of
             the scale, latest :data:`SCALE_HISTORY_LEN` kept; ``step`` is the
@@ -252,7 +273,8 @@ class AmpOptimWrapper(OptimWrapper):
                  clip_grad: Optional[Mapping[str, Any]] = None,
                  model: Optional[nn.Module] = None, nonfinite: str = 'warn',
                  overflow_guard: Optional[Mapping[str, Any]] = None,
-                 agree_across_ranks: Any = None, **kwargs: Any) -> None:
+                 agree_across_ranks: Any = None,
+                 fp32_modules: Fp32Modules = None, **kwargs: Any) -> None:
         owner = type(self).__name__
         optimizer, loss_scale = _bind_loss_scale(owner, loss_scale, optimizer, kwargs)
         nonfinite = check_nonfinite_policy(nonfinite, owner)
@@ -267,13 +289,22 @@ class AmpOptimWrapper(OptimWrapper):
         super().__init__(optimizer, accumulative_counts, clip_grad)
         self._guard = guard
         spec = parse_loss_scale(loss_scale, owner)
+        params = flat_params(optimizer)
+        #: Why dtype='auto' fell back to float32 (logged at the first optim_context).
+        self.auto_reason: Optional[str] = None
+        if isinstance(dtype, str) and dtype.lower() == AUTO:
+            dtype, self.auto_reason = auto_dtype(params[0].device if params else None)
         self.dtype: torch.dtype = resolve_cast_dtype(dtype)
         #: The ``dtype`` argument as a torch dtype (None stays None), as MMEngine keeps it.
         self.cast_dtype: Optional[torch.dtype] = None if dtype is None else self.dtype
         self.use_fsdp = use_fsdp
         if model is not None and not isinstance(model, nn.Module):
             raise TypeError(f'{owner}: model must be an nn.Module, got {type(model).__name__}.')
-        params = flat_params(optimizer)
+        check_fp32_modules(fp32_modules, f'{owner}(fp32_modules=...)')
+        if model is not None:
+            match_modules(model, fp32_modules, f'{owner}(fp32_modules=...)')
+        self.fp32_modules = fp32_modules
+        self._fp32_done: Any = weakref.WeakSet()
         self.backend: str = _torch.backend_for(
             backend, params[0].device.type if params else 'cpu', self.dtype, model)
         self._ctx_model: Optional[weakref.ref] = None
@@ -292,9 +323,10 @@ class AmpOptimWrapper(OptimWrapper):
                 raise ValueError(
                     f'{owner}: the legacy backend runs a float16 or bfloat16 model without '
                     f'FSDP; got dtype={self.dtype}, use_fsdp={use_fsdp}: use '
-                    "backend='native'.")
+                    "backend='native'." + (f' ({self.auto_reason})' if self.auto_reason else ''))
             self._engine = LegacyEngine(optimizer, spec, self.dtype, owner, nonfinite, clip)
-            _convert_model(model, self.dtype)
+            _convert_model(model, self.dtype, fp32_modules)
+            self._fp32_done.add(model)
         else:
             self._engine = NativeEngine(spec, self.dtype, self._param_device_type, nonfinite,
                                         clip)
@@ -335,7 +367,8 @@ class AmpOptimWrapper(OptimWrapper):
 
     # -- the step ---------------------------------------------------------------------------
 
-    def optim_context(self, model: nn.Module) -> contextlib.AbstractContextManager:
+    def optim_context(self, model: nn.Module, cache_enabled: Optional[bool] = None
+                      ) -> contextlib.AbstractContextManager:
         """Context for the forward pass: autocast (native) or half inputs (legacy).
 
         Native: ``torch.autocast`` on the model's device type with
@@ -343,19 +376,28 @@ class AmpOptimWrapper(OptimWrapper):
         float32 tensor inputs of ``model`` are cast to :attr:`dtype` and its
         outputs back to float32. In both cases the
         parent's context (no DDP gradient all-reduce while accumulating) is
-        entered first.
+        entered first. The first call with a model applies ``fp32_modules``
+        to it (and logs :attr:`auto_reason`, if any).
 
         Args:
             model: The model (or the sub-model) run inside the context.
+            cache_enabled: Passed to ``torch.autocast`` (native backend): False
+                turns off its weight-cast cache, which pytorch#105211 needs
+                when a ``no_grad`` sub-forward runs before a forward that
+                trains the same weights; None keeps torch's default (on).
+                The legacy backend runs no autocast: accepted, no effect.
 
         Returns:
             A context manager, to be entered once.
         """
+        check_cache_enabled(cache_enabled, type(self).__name__)
+        if self.fp32_modules is not None or self.auto_reason is not None:
+            self._first_context(model)
         if self.backend == 'native':
             device_type = self._model_device_type(model)
             if self.dtype in _LOW_PRECISION:
                 inner: contextlib.AbstractContextManager = _torch.autocast_for(
-                    device_type, self.dtype)
+                    device_type, self.dtype, cache_enabled=cache_enabled)
             else:  # float32 / float64: full precision, autocast off
                 inner = _torch.autocast_for(device_type, enabled=False)
         else:
@@ -366,6 +408,17 @@ class AmpOptimWrapper(OptimWrapper):
         if guard is not None and guard.armed:
             return _Both(_Guarded(guard, model), context)
         return context
+
+    def _first_context(self, model: nn.Module) -> None:
+        """Log why 'auto' chose float32, once; apply fp32_modules to a model, once each."""
+        if self.auto_reason is not None and not self.__dict__.get('_auto_logged'):
+            self._auto_logged = True
+            self.logger.warning(self.auto_reason)
+        if self.fp32_modules is None or self.backend == 'legacy' or model in self._fp32_done:
+            return
+        inner = model.module if isinstance(model, _PARALLEL) else model
+        keep_fp32(inner, self.fp32_modules)
+        self._fp32_done.add(model)
 
     def _model_device_type(self, model: nn.Module) -> str:
         """The device type of ``model``'s first parameter (or buffer).

@@ -18,6 +18,7 @@ from torch import nn
 
 from .. import _torch
 from .._spec import PLUGIN_NAMES, check_positive_int, parse_clip_grad, parse_loss_scale
+from ..keep import check_fp32_modules
 from .amp import AmpOptimWrapper, deferred_model_conversion, resolve_cast_dtype
 from .constructor import check_paramwise_cfg, paramwise_groups
 from .wrapper import OptimWrapper
@@ -34,7 +35,7 @@ _MULTI_CONSTRUCTORS = ('MultiOptimWrapperConstructor',
                        PLUGIN_NAMES['MultiOptimWrapperConstructor'])
 _COMMON_KEYS = ('type', 'optimizer', 'accumulative_counts', 'clip_grad', 'paramwise_cfg')
 _AMP_KEYS = ('loss_scale', 'dtype', 'use_fsdp', 'backend', 'nonfinite',
-             'overflow_guard', 'agree_across_ranks')
+             'overflow_guard', 'agree_across_ranks', 'fp32_modules')
 
 
 def _optimizer_classes() -> Dict[str, type]:
@@ -98,6 +99,7 @@ def _plan(cfg: Mapping[str, Any], where: str) -> _Plan:
     if is_amp:
         parse_loss_scale(cfg.get('loss_scale', 'dynamic'), owner)
         resolve_cast_dtype(cfg.get('dtype'))
+        check_fp32_modules(cfg.get('fp32_modules'), f'{owner}.fp32_modules')
         _torch.resolve_backend(cfg.get('backend'))
     return _Plan(where, wrapper_cls, opt_cls, opt_kwargs, cfg, paramwise)
 
@@ -135,7 +137,9 @@ def build_optim_wrapper(model: nn.Module, cfg: Mapping[str, Any]
     Single wrapper: ``dict(type='OptimWrapper' | 'AmpOptimWrapper',
     optimizer=dict(type='Adam', lr=...), accumulative_counts=1,
     clip_grad=None, paramwise_cfg=None)``, plus ``loss_scale``, ``dtype``,
-    ``use_fsdp``, ``backend``, ``nonfinite`` and ``agree_across_ranks`` for ``AmpOptimWrapper``.
+    ``use_fsdp``, ``backend``, ``nonfinite``, ``overflow_guard``, ``agree_across_ranks``
+    and ``fp32_modules`` for ``AmpOptimWrapper`` (``dtype='auto'`` picks the native
+    dtype of the model's device).
     ``paramwise_cfg`` takes the options of MMEngine's
     ``DefaultOptimWrapperConstructor`` (see :mod:`fp16utils.optim.constructor`)
     and gives the same param groups. ``constructor`` may be omitted,

@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Mapping, Optional
 import torch
 from torch import nn
 
-from .._spec import parse_clip_grad
+from .._spec import check_cache_enabled, parse_clip_grad
 from ..engine import (
     AccumulationWindow,
     OverflowGuard,
@@ -316,16 +316,21 @@ class OptimWrapper:
         """Zero the optimizer's gradients (``set_to_none`` and friends pass through)."""
         self._engine.zero_grad(self.optimizer, **kwargs)
 
-    def optim_context(self, model: nn.Module) -> contextlib.AbstractContextManager:
+    def optim_context(self, model: nn.Module, cache_enabled: Optional[bool] = None
+                      ) -> contextlib.AbstractContextManager:
         """Context for the forward pass: no DDP gradient sync while accumulating.
 
         Args:
             model: The model (or the sub-model this wrapper optimizes).
+            cache_enabled: Accepted for :class:`AmpOptimWrapper`'s signature
+                (autocast's weight-cast cache); a full-precision wrapper runs
+                no autocast, so it has no effect here. None, True or False.
 
         Returns:
             A context manager (``model.no_sync()`` when the next backward pass
             only accumulates and the model has it, else a no-op).
         """
+        check_cache_enabled(cache_enabled, type(self).__name__)
         if not self.should_sync() and hasattr(model, 'no_sync'):
             return model.no_sync()
         return _NULL_CONTEXT

@@ -110,7 +110,8 @@ class OptimWrapperDict:
         for wrapper in self.optim_wrappers.values():
             wrapper.zero_grad(**kwargs)
 
-    def optim_context(self, model: nn.Module) -> contextlib.AbstractContextManager:
+    def optim_context(self, model: nn.Module, cache_enabled: Optional[bool] = None
+                      ) -> contextlib.AbstractContextManager:
         """Not supported: use one entry's ``optim_context``."""
         raise self._per_entry('optim_context')
 

@@ -257,3 +257,23 @@ def test_the_plugin_dict_reads_as_mmengine_writes_it():
         Fp16utilsOptimWrapperDict(optim1=sgd)
     with pytest.raises(NotImplementedError, match='`step` should be called'):
         wrappers.step()
+
+
+@pytest.mark.parametrize('native, expected', [(True, torch.bfloat16), (False, torch.float32)])
+def test_plugin_resolves_auto_and_keeps_fp32_modules(tmp_path, monkeypatch, native, expected):
+    from fp16utils import kept_fp32
+    from fp16utils._torch import caps
+
+    level = 'native' if native else 'emulated'
+    monkeypatch.setattr(caps, 'table_level', lambda device_type, dtype, index=None: level)
+    wrapper = dict(type='Fp16utilsAmpOptimWrapper', dtype='auto', fp32_modules=['fc2'],
+                   optimizer=dict(type='SGD', lr=0.1))
+    cfg = write_config(tmp_path / 'cfg.py', runner_cfg(tmp_path / 'work', wrapper, 2))
+    runner = Runner.from_cfg(cfg)
+    runner.train()
+    ow = runner.optim_wrapper
+    assert type(ow).__name__ == 'Fp16utilsAmpOptimWrapper' and ow.dtype == expected
+    assert kept_fp32(runner.model) == ['fc2']
+    log_text = next((tmp_path / 'work').rglob('*.log')).read_text()
+    said = "dtype='auto': neither low-precision dtype is native on cpu"
+    assert log_text.count(said) == (0 if native else 1)
