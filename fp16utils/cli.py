@@ -49,6 +49,7 @@ def cmd_env(args: argparse.Namespace, out: TextIO) -> int:
 
     from . import __version__, _torch
 
+    _check_backend_env()
     rows: list[tuple[str, str]] = [
         ('fp16utils', __version__),
         ('torch', _torch.TORCH_VERSION),
@@ -64,6 +65,16 @@ def cmd_env(args: argparse.Namespace, out: TextIO) -> int:
     for key, value in rows:
         out.write(f'{key.ljust(width)}  {value}\n')
     return 0
+
+
+def _check_backend_env() -> None:
+    """A FP16UTILS_BACKEND that names no backend is a usage error, not a traceback."""
+    from . import _torch
+
+    try:
+        _torch.default_backend()
+    except ValueError as err:
+        raise UsageError(str(err)) from None
 
 
 def _devices() -> list[tuple[str, str]]:
@@ -133,7 +144,8 @@ def cmd_migrate(args: argparse.Namespace, out: TextIO) -> int:
     try:
         converted, problems = convert_config_report(cfg)
     except (ConfigConversionError, TypeError, ValueError, AttributeError) as err:
-        raise CommandError(f'{shown}: cannot be converted: {_one_line(err)}') from None
+        raise CommandError(f'{shown}: cannot be converted: {_one_line(err)}; nothing written'
+                           ) from None
     if args.amp:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter('always')
@@ -291,6 +303,7 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
         raise UsageError(f'{args.script}: no such file')
     from .mmcv import patch_mmcv
 
+    _check_backend_env()
     try:
         patch_mmcv(dtype=args.dtype, backend=args.backend)
     except ImportError as err:
@@ -322,6 +335,7 @@ def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
     """Train a small model in fp32, AMP float16/bfloat16 and legacy; print a table."""
     from .demo import run_demo
 
+    _check_backend_env()
     device = _check_device(args.device) if args.device else best_device()
     if args.plot:
         try:
