@@ -7,9 +7,12 @@ import io
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Optional
+
+import pytest
 
 from fp16utils import cli
 
@@ -51,3 +54,40 @@ def tree(root: Path) -> dict[str, bytes]:
     """Every file under ``root`` (links as their target's bytes), by relative path."""
     return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else b'<not a file>')
             for p in sorted(root.rglob('*')) if not p.is_dir() or p.is_symlink()}
+
+
+def denied(*args, **kwargs):
+    """Stands in for a call that the OS refuses (the tests may run as root)."""
+    raise PermissionError(13, 'Permission denied', str(args[0]) if args else None)
+
+
+def deny_temp_files(monkeypatch) -> None:
+    """Simulate a folder no file can be created in (a read-only folder)."""
+    monkeypatch.setattr(tempfile, 'mkstemp', denied)
+
+
+def deny_listing(monkeypatch, name: str) -> None:
+    """Simulate a folder called ``name`` that cannot be listed (permission denied)."""
+    real = os.scandir
+
+    def scandir(path='.'):
+        if os.fspath(path).endswith(name):
+            denied(os.fspath(path))
+        return real(path)
+
+    monkeypatch.setattr(os, 'scandir', scandir)
+
+
+def make_odd(path: Path, kind: str) -> Path:
+    """Put at ``path`` something that is not a regular file: missing, dir, dangling, loop, fifo."""
+    if kind in ('dir', 'folder'):
+        path.mkdir()
+    elif kind == 'dangling':
+        os.symlink(path.parent / 'nowhere' / path.name, path)
+    elif kind == 'loop':
+        os.symlink(path, path)
+    elif kind == 'fifo':
+        if not hasattr(os, 'mkfifo'):
+            pytest.skip('no FIFOs on this system')
+        os.mkfifo(path)
+    return path

@@ -13,7 +13,16 @@ import stat
 
 import pytest
 
-from adversarial._attack import CONFIGS, call, one_line_error, run, tree
+from adversarial._attack import (
+    CONFIGS,
+    call,
+    deny_listing,
+    deny_temp_files,
+    make_odd,
+    one_line_error,
+    run,
+    tree,
+)
 
 FIXABLE = 'from mmcv.runner import auto_fp16\n'
 CONFIG = CONFIGS / 'retinanet_r50_fpn_fp16_1x_coco.py'
@@ -86,10 +95,8 @@ def test_migrate_output_through_a_link_writes_the_linked_file(config, tmp_path):
 def test_migrate_output_that_cannot_be_a_file_is_one_error_and_writes_nothing(
         config, tmp_path, make, needle):
     out = tmp_path / 'out'
-    if make == 'dir':
-        out.mkdir()
-    elif make == 'dangling':
-        os.symlink(tmp_path / 'nowhere' / 'x.py', out)
+    if make in ('dir', 'dangling'):
+        make_odd(out, make)
     elif make == 'missing-folder':
         out = tmp_path / 'missing' / 'out.py'
     else:
@@ -102,12 +109,8 @@ def test_migrate_output_that_cannot_be_a_file_is_one_error_and_writes_nothing(
 
 
 def test_migrate_output_in_a_read_only_folder_is_one_error(config, tmp_path, monkeypatch):
-    import tempfile
 
-    def denied(*args, **kwargs):
-        raise PermissionError(13, 'Permission denied', str(tmp_path))
-
-    monkeypatch.setattr(tempfile, 'mkstemp', denied)
+    deny_temp_files(monkeypatch)
     (tmp_path / 'out.py').write_text('old')
     one_line_error(call('migrate', str(config), '-o', str(tmp_path / 'out.py')), 1,
                    'out.py', 'Permission denied')
@@ -172,15 +175,7 @@ def test_migrate_of_a_binary_or_undecodable_config_is_one_line(tmp_path, raw):
 
 @pytest.mark.parametrize('make', ['missing', 'dir', 'dangling', 'fifo'])
 def test_migrate_of_something_that_is_not_a_config_file_is_a_usage_error(tmp_path, make):
-    path = tmp_path / 'c.py'
-    if make == 'dir':
-        path.mkdir()
-    elif make == 'dangling':
-        os.symlink(tmp_path / 'gone.py', path)
-    elif make == 'fifo':
-        if not hasattr(os, 'mkfifo'):
-            pytest.skip('no FIFOs on this system')
-        os.mkfifo(path)
+    path = make_odd(tmp_path / 'c.py', make)
     one_line_error(call('migrate', str(path)), 2, 'c.py')
 
 
@@ -224,14 +219,7 @@ def test_scan_of_a_tree_with_an_unreadable_file_is_not_clean(tmp_path):
 
 def test_scan_of_a_tree_with_a_folder_it_cannot_list_is_not_clean(tmp_path, monkeypatch):
     (tmp_path / 'locked').mkdir()
-    real = os.scandir
-
-    def scandir(path='.'):
-        if os.fspath(path).endswith('locked'):
-            raise PermissionError(13, 'Permission denied', os.fspath(path))
-        return real(path)
-
-    monkeypatch.setattr(os, 'scandir', scandir)
+    deny_listing(monkeypatch, 'locked')
     proc = call('scan', str(tmp_path), '--json')
     assert proc.returncode == 1
     (finding,) = json.loads(proc.stdout)
@@ -251,13 +239,7 @@ def test_scan_of_a_clean_tree_says_so(tmp_path):
 ])
 def test_scan_of_a_path_that_is_neither_file_nor_folder_is_a_usage_error(tmp_path, make,
                                                                          needle):
-    path = tmp_path / 'p'
-    if make == 'dangling':
-        os.symlink(tmp_path / 'gone', path)
-    elif make == 'fifo':
-        if not hasattr(os, 'mkfifo'):
-            pytest.skip('no FIFOs on this system')
-        os.mkfifo(path)
+    path = make_odd(tmp_path / 'p', make)
     for extra in ([], ['--fix'], ['--json']):
         one_line_error(call('scan', str(path), *extra), 2, needle)
 
@@ -314,14 +296,10 @@ def test_scan_fix_through_a_planted_link_never_writes_outside_the_tree(tmp_path)
 
 def test_scan_fix_of_a_file_it_cannot_write_is_one_line_per_file_and_exit_1(tmp_path,
                                                                              monkeypatch):
-    import tempfile
 
     (tmp_path / 'a.py').write_text(FIXABLE)
 
-    def denied(*args, **kwargs):
-        raise PermissionError(13, 'Permission denied', str(tmp_path))
-
-    monkeypatch.setattr(tempfile, 'mkstemp', denied)
+    deny_temp_files(monkeypatch)
     proc = call('scan', str(tmp_path), '--fix')
     one_line_error(proc, 1, 'a.py', 'could not be written: Permission denied')
     assert (tmp_path / 'a.py').read_text() == FIXABLE
@@ -405,13 +383,10 @@ def test_run_of_something_that_is_not_a_script_is_a_usage_error(tmp_path, make):
 ])
 def test_demo_plot_target_that_cannot_be_written_is_refused_before_training(tmp_path, make,
                                                                            needle):
-    target = tmp_path / 'plot.png'
-    if make == 'folder':
-        target.mkdir()
-    elif make == 'dangling':
-        os.symlink(tmp_path / 'nowhere' / 'x.png', target)
-    else:
+    if make == 'missing-folder':
         target = tmp_path / 'missing' / 'plot.png'
+    else:
+        target = make_odd(tmp_path / 'plot.png', make)
     proc = call('demo', '--steps', '1', '--device', 'cpu', '--plot', str(target))
     one_line_error(proc, 2, 'plot.png', needle)
     assert proc.stdout == ''

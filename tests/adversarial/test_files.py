@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import stat
-import tempfile
 import threading
 import warnings
 from collections import OrderedDict
@@ -17,7 +16,7 @@ from enum import IntEnum
 
 import pytest
 
-from adversarial._attack import tree
+from adversarial._attack import denied, deny_listing, deny_temp_files, make_odd, tree
 from fp16utils.migrate import (
     ConfigConversionError,
     _source,
@@ -123,28 +122,20 @@ def test_atomic_write_into_a_missing_folder_fails_cleanly(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
-def test_atomic_write_that_fails_on_replace_keeps_the_original(tmp_path, monkeypatch):
+def _interrupt(*args):
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize('step, fails, error', [
+    ('replace', denied, PermissionError),  # the move onto the target is refused
+    ('fsync', _interrupt, KeyboardInterrupt),  # Ctrl-C in the middle of the write
+])
+def test_atomic_write_that_fails_midway_keeps_the_original(tmp_path, monkeypatch, step,
+                                                           fails, error):
     target = tmp_path / 'a.py'
     target.write_text('old')
-
-    def refuse(src, dst):
-        raise PermissionError(13, 'Permission denied', dst)
-
-    monkeypatch.setattr(os, 'replace', refuse)
-    with pytest.raises(PermissionError):
-        atomic_write(target, b'new')
-    assert target.read_text() == 'old' and leftovers(tmp_path) == []
-
-
-def test_atomic_write_interrupted_mid_write_keeps_the_original(tmp_path, monkeypatch):
-    target = tmp_path / 'a.py'
-    target.write_text('old')
-
-    def interrupt(fd):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(os, 'fsync', interrupt)
-    with pytest.raises(KeyboardInterrupt):
+    monkeypatch.setattr(os, step, fails)
+    with pytest.raises(error):
         atomic_write(target, b'new')
     assert target.read_text() == 'old' and leftovers(tmp_path) == []
 
@@ -153,10 +144,7 @@ def test_atomic_write_in_a_read_only_folder_fails_cleanly(tmp_path, monkeypatch)
     target = tmp_path / 'a.py'
     target.write_text('old')
 
-    def denied(*args, **kwargs):
-        raise PermissionError(13, 'Permission denied', str(tmp_path))
-
-    monkeypatch.setattr(tempfile, 'mkstemp', denied)
+    deny_temp_files(monkeypatch)
     with pytest.raises(PermissionError):
         atomic_write(target, b'new')
     assert target.read_text() == 'old'
@@ -274,14 +262,7 @@ def test_scan_skips_a_folder_named_like_a_module(tmp_path):
 def test_scan_reports_a_folder_it_cannot_list(tmp_path, monkeypatch):
     (tmp_path / 'locked').mkdir()
     (tmp_path / 'locked' / 'm.py').write_text(FIXABLE)
-    real = os.scandir
-
-    def scandir(path='.'):
-        if os.fspath(path).endswith('locked'):
-            raise PermissionError(13, 'Permission denied', os.fspath(path))
-        return real(path)
-
-    monkeypatch.setattr(os, 'scandir', scandir)
+    deny_listing(monkeypatch, 'locked')
     (finding,) = scan(tmp_path)
     assert finding.kind == 'unreadable' and finding.path.endswith('locked')
     assert 'Permission denied' in finding.message
@@ -289,9 +270,6 @@ def test_scan_reports_a_folder_it_cannot_list(tmp_path, monkeypatch):
 
 def test_scan_reports_a_file_it_cannot_open(tmp_path, monkeypatch):
     (tmp_path / 'm.py').write_text(FIXABLE)
-
-    def denied(*args, **kwargs):
-        raise PermissionError(13, 'Permission denied', args[0])
 
     monkeypatch.setattr(_source, 'open', denied, raising=False)
     (finding,) = scan(tmp_path)
@@ -349,10 +327,7 @@ def test_fix_keeps_the_mode_of_each_file(tmp_path):
 def test_fix_that_cannot_write_reports_it_and_changes_nothing(tmp_path, monkeypatch):
     (tmp_path / 'm.py').write_text(FIXABLE)
 
-    def denied(*args, **kwargs):
-        raise PermissionError(13, 'Permission denied', str(tmp_path))
-
-    monkeypatch.setattr(tempfile, 'mkstemp', denied)
+    deny_temp_files(monkeypatch)
     (change,) = fix_imports(tmp_path)
     assert not change.changed and 'could not be written: Permission denied' in change.error
     assert (tmp_path / 'm.py').read_text() == FIXABLE
@@ -403,14 +378,7 @@ def test_fix_keeps_bom_line_endings_and_encoding(tmp_path, raw):
 def test_fix_reports_unreadable_files_and_folders(tmp_path, monkeypatch):
     (tmp_path / 'bin.py').write_bytes(b'\xff\xfe\x00')
     (tmp_path / 'locked').mkdir()
-    real = os.scandir
-
-    def scandir(path='.'):
-        if os.fspath(path).endswith('locked'):
-            raise PermissionError(13, 'Permission denied', os.fspath(path))
-        return real(path)
-
-    monkeypatch.setattr(os, 'scandir', scandir)
+    deny_listing(monkeypatch, 'locked')
     changes = fix_imports(tmp_path)
     assert sorted((os.path.basename(c.path), c.error.split(':')[0]) for c in changes) == [
         ('bin.py', 'cannot decode the file'), ('locked', 'cannot list the folder')]
@@ -499,17 +467,7 @@ def test_load_config_lets_keyboard_interrupt_through(tmp_path):
 
 @pytest.mark.parametrize('make', ['missing', 'dir', 'dangling', 'loop', 'fifo'])
 def test_load_config_of_something_that_is_not_a_file_is_a_usage_error(tmp_path, make):
-    path = tmp_path / 'c.py'
-    if make == 'dir':
-        path.mkdir()
-    elif make == 'dangling':
-        os.symlink(tmp_path / 'gone.py', path)
-    elif make == 'loop':
-        os.symlink(path, path)
-    elif make == 'fifo':
-        if not hasattr(os, 'mkfifo'):
-            pytest.skip('no FIFOs on this system')
-        os.mkfifo(path)
+    path = make_odd(tmp_path / 'c.py', make)
     with pytest.raises((UsageError, CommandError)):
         load_config(path)
 
