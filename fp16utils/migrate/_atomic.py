@@ -8,6 +8,8 @@ Readers see the old file or the new one, never half of one; two concurrent write
 never share a temporary file; on any failure the temporary file is removed and the
 target is left as it was.
 
+A file that is marked read-only (no write bit at all) is refused, even for root.
+
 Symbolic links: a target that is a link is written *through* it, on purpose: the
 link is resolved once (``os.path.realpath``) and the file it points to is replaced,
 so the link stays a link. A link that points nowhere, or into a loop, is refused.
@@ -101,6 +103,10 @@ def atomic_write(path: str | os.PathLike[str], data: bytes) -> None:
         umask = os.umask(0)
         os.umask(umask)
         mode = 0o666 & ~umask
+    else:
+        if not mode & 0o222:  # marked read-only for everyone: respect it, even as root
+            raise PermissionError(13, 'read-only file (no write permission bit); make it '
+                                      'writable first', target)
     fd, tmp = tempfile.mkstemp(prefix=f'.{os.path.basename(target)}.', suffix='.fp16utils-tmp',
                                dir=folder)
     try:

@@ -332,6 +332,38 @@ def test_two_concurrent_scan_fix_processes_agree(tmp_path):
         'from fp16utils import auto_fp16\n'}
 
 
+def test_migrate_output_onto_a_read_only_file_is_refused(config, tmp_path):
+    (tmp_path / 'out.py').write_text('old')
+    os.chmod(tmp_path / 'out.py', 0o444)
+    one_line_error(call('migrate', str(config), '-o', str(tmp_path / 'out.py')), 1,
+                   'out.py', 'read-only')
+    assert (tmp_path / 'out.py').read_text() == 'old'
+
+
+def test_scan_interrupted_is_one_line_and_exit_130(tmp_path, monkeypatch):
+    from fp16utils.migrate import scanner
+
+    def interrupted(path):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(scanner, 'load_source', interrupted)
+    (tmp_path / 'a.py').write_text(FIXABLE)
+    proc = call('scan', str(tmp_path))
+    assert (proc.returncode, proc.stderr) == (130, 'fp16utils: interrupted\n')
+
+
+def test_real_process_migrate_of_a_non_utf8_path_is_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    path = os.path.join(os.fsencode(tmp_path), b'\xff.py')  # missing, undecodable name
+    proc = subprocess.run([sys.executable, '-m', 'fp16utils', 'migrate', path],
+                          capture_output=True, timeout=60)
+    err = proc.stderr.decode('utf-8')
+    assert proc.returncode == 2 and err.count('\n') == 1 and 'Traceback' not in err
+    assert '\ufffd.py: no such config file' in err
+
+
 def test_scan_output_to_a_closed_pipe_is_quiet(tmp_path):
     class Closed(io.StringIO):
         def write(self, text):

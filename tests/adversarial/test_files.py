@@ -592,3 +592,23 @@ def test_convert_config_strict_raises_one_error_listing_the_problems():
 def test_convert_config_refuses_a_non_dict():
     with pytest.raises((TypeError, ValueError)):
         convert_config([('fp16', {})])
+
+
+# ------------------------------------------------------------------ read-only targets
+
+
+def test_atomic_write_refuses_a_read_only_file_even_as_root(tmp_path):
+    target = tmp_path / 'a.py'
+    target.write_text('old')
+    os.chmod(target, 0o444)
+    with pytest.raises(PermissionError, match='read-only'):
+        atomic_write(target, b'new')
+    assert target.read_text() == 'old' and leftovers(tmp_path) == []
+
+
+def test_fix_skips_a_read_only_source_and_says_why(tmp_path):
+    (tmp_path / 'm.py').write_text(FIXABLE)
+    os.chmod(tmp_path / 'm.py', 0o444)
+    (change,) = fix_imports(tmp_path)
+    assert not change.changed and 'read-only' in change.error
+    assert (tmp_path / 'm.py').read_text() == FIXABLE
