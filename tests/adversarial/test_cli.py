@@ -424,6 +424,32 @@ def test_demo_plot_target_that_cannot_be_written_is_refused_before_training(tmp_
     assert proc.stdout == ''
 
 
+def test_demo_plot_is_written_atomically_through_a_link(tmp_path, monkeypatch):
+    import sys
+    import types
+    from unittest import mock
+
+    from fp16utils import demo
+
+    def savefig(target, format):
+        target.write(b'PNG:' + format.encode())
+
+    fig = mock.MagicMock()
+    fig.savefig.side_effect = savefig
+    pyplot = types.SimpleNamespace(subplots=lambda *a, **k: (fig, (mock.MagicMock(),) * 2),
+                                   close=lambda f: None)
+    fake = types.SimpleNamespace(use=lambda backend: None, pyplot=pyplot)
+    monkeypatch.setitem(sys.modules, 'matplotlib', fake)
+    monkeypatch.setitem(sys.modules, 'matplotlib.pyplot', pyplot)
+    real = tmp_path / 'real.png'
+    real.write_bytes(b'old')
+    os.symlink(real, tmp_path / 'plot.png')
+    (tmp_path / 'plot.png.fp16utils-tmp').symlink_to(tmp_path / 'victim')
+    demo.plot_results([], str(tmp_path / 'plot.png'))
+    assert (tmp_path / 'plot.png').is_symlink() and real.read_bytes() == b'PNG:png'
+    assert not (tmp_path / 'victim').exists()
+
+
 def test_demo_with_an_unknown_device_is_a_usage_error():
     one_line_error(call('demo', '--device', 'warp-drive'), 2, 'not a torch device')
 
