@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import runpy
 import sys
 import traceback
@@ -23,6 +24,7 @@ from typing import NoReturn, Optional, Sequence, TextIO
 
 # fp16utils.migrate imports the standard library only: the scan and migrate commands
 # never import torch (env, demo and bench import it inside their functions).
+from .migrate._atomic import atomic_write, resolve_target
 from .migrate.config_files import format_config, load_config
 from .migrate.errors import CommandError, UsageError
 
@@ -48,6 +50,7 @@ def cmd_env(args: argparse.Namespace, out: TextIO) -> int:
     from . import __version__, _torch
     from .precision import precision_summary
 
+    _check_backend_env()
     rows: list[tuple[str, str]] = [
         ('fp16utils', __version__),
         ('torch', _torch.TORCH_VERSION),
@@ -65,6 +68,16 @@ def cmd_env(args: argparse.Namespace, out: TextIO) -> int:
     for key, value in rows:
         out.write(f'{key.ljust(width)}  {value}\n')
     return 0
+
+
+def _check_backend_env() -> None:
+    """A FP16UTILS_BACKEND that names no backend is a usage error, not a traceback."""
+    from . import _torch
+
+    try:
+        _torch.default_backend()
+    except ValueError as err:
+        raise UsageError(str(err)) from None
 
 
 def _devices() -> list[tuple[str, str]]:
@@ -122,54 +135,104 @@ def best_device() -> str:
 
 def cmd_migrate(args: argparse.Namespace, out: TextIO) -> int:
     """Convert a 0.x config file to the 1.x style."""
-    from .migrate import convert_config_report, enable_amp
+    from .migrate import ConfigConversionError, convert_config_report, enable_amp
 
     if args.dtype and not args.amp:
         raise UsageError('--dtype only applies with --amp (it sets the AMP dtype)')
+    to_file = args.output not in (None, '-')
+    if to_file:
+        _check_output(args.config, args.output)
     cfg = load_config(args.config)
-    converted, problems = convert_config_report(cfg)
+    shown = _shown(args.config)
+    try:
+        converted, problems = convert_config_report(cfg)
+    except (ConfigConversionError, TypeError, ValueError, AttributeError) as err:
+        raise CommandError(f'{shown}: cannot be converted: {_one_line(err)}; nothing written'
+                           ) from None
     if args.amp:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter('always')
             try:
                 converted = enable_amp(converted, dtype=args.dtype)
-            except ValueError as err:
-                raise CommandError(f'{args.config}: {err}') from None
+            except (TypeError, ValueError, AttributeError) as err:
+                raise CommandError(f'{shown}: {_one_line(err)}') from None
         problems += [str(w.message) for w in caught]
     for problem in problems:
-        sys.stderr.write(f'{args.config}: warning: {problem}\n')
+        sys.stderr.write(f'{shown}: warning: {_one_line(problem)}\n')
     if problems and args.strict:
-        raise CommandError(f'{args.config}: {len(problems)} problem(s) found and --strict given')
-    text = (f'# Converted from {Path(args.config).name} by `{PROG} migrate`.\n'
-            + format_config(converted))
-    if args.output:
+        raise CommandError(f'{shown}: {len(problems)} problem(s) found and --strict given')
+    try:
+        body = format_config(converted)
+    except ValueError as err:
+        raise CommandError(f'{shown}: the converted config cannot be written as a file '
+                           f'that loads back: {_one_line(err)}; nothing written') from None
+    name = Path(args.config).name.replace('\n', ' ').replace('\r', ' ')
+    text = f'# Converted from {_shown(name)} by `{PROG} migrate`.\n' + body
+    if to_file:
         try:
-            Path(args.output).write_text(text, encoding='utf-8')
+            atomic_write(args.output, text.encode('utf-8'))
         except OSError as err:
-            raise CommandError(f'{args.output}: could not be written: {err.strerror}'
-                               ) from None
-        out.write(f'wrote {args.output}\n')
+            raise CommandError(f'{_shown(args.output)}: could not be written: '
+                               f'{err.strerror or err}; nothing written') from None
+        out.write(f'wrote {_shown(args.output)}\n')
     else:
         out.write(text)
     return 0
+
+
+def _check_output(config: str, output: str) -> None:
+    """Refuse an ``-o`` that is the input config itself (or a link to it)."""
+    try:
+        same = os.path.exists(config) and os.path.samefile(config, resolve_target(output))
+    except OSError:  # the write reports what is wrong with it
+        same = False
+    if same:
+        raise UsageError(f'{_shown(output)}: -o is the input config itself; write the 1.x '
+                         'config to a new file (or - for stdout) and keep the 0.x one')
+
+
+def _shown(path: str) -> str:
+    """``path`` printable on any terminal (undecodable bytes as U+FFFD)."""
+    text = os.fspath(path)
+    return text.encode('utf-8', 'surrogateescape').decode('utf-8', 'replace')
+
+
+def _one_line(message: object) -> str:
+    """A message on one line (an exception's own newlines folded into spaces)."""
+    return _shown(' '.join(str(message).split()))
 
 
 # -------------------------------------------------------------------- scan
 
 
 def cmd_scan(args: argparse.Namespace, out: TextIO) -> int:
-    """Report 0.x fp16 usages under a path; with --fix rewrite the imports."""
-    from dataclasses import asdict
+    """Report 0.x fp16 usages under a path; with --fix rewrite the imports.
+
+    Exit code 1 when there are findings (or, with --fix, when a file or folder
+    could not be read or written), 0 when everything was read and is clean.
+    """
+    from dataclasses import asdict, replace
 
     from .migrate import fix_imports, scan
 
-    if not os.path.exists(args.path):
-        raise UsageError(f'{args.path}: no such file or directory')
-    if args.fix or args.dry_run:
-        changes = fix_imports(args.path, dry_run=args.dry_run)
+    path = args.path
+    if not os.path.exists(path):
+        what = ('a dangling symbolic link' if os.path.lexists(path)
+                else 'no such file or directory')
+        raise UsageError(f'{_shown(path)}: {what}')
+    if not (os.path.isfile(path) or os.path.isdir(path)):
+        raise UsageError(f'{_shown(path)}: not a regular file or a folder; pass a .py file '
+                         'or a source folder')
+    if args.dry_run and not args.fix:
+        args.fix = True  # --dry-run alone: what --fix would do
+    if args.fix:
+        changes = [replace(c, path=_shown(c.path)) for c in fix_imports(path, dry_run=args.dry_run)]
         changed = [c for c in changes if c.changed]
+        failed = [c for c in changes if c.error]
+        for change in failed:
+            sys.stderr.write(f'{PROG}: error: {change.path}: {_one_line(change.error)}\n')
         if args.json:
-            json.dump([asdict(c) for c in changed], out, indent=2)
+            json.dump([asdict(c) for c in changes if c.changed or c.error], out, indent=2)
             out.write('\n')
         elif args.dry_run:
             for change in changed:
@@ -179,9 +242,11 @@ def cmd_scan(args: argparse.Namespace, out: TextIO) -> int:
                 out.write(f'fixed imports in {change.path}\n')
         if not args.json:
             verb = 'would change' if args.dry_run else 'changed'
-            out.write(f'{verb} {len(changed)} file(s)\n')
-        return 0
-    findings = scan(args.path)
+            skipped = f', skipped {len(failed)} that could not be read or written' if failed else ''
+            out.write(f'{verb} {len(changed)} file(s){skipped}\n')
+        return 1 if failed else 0
+    findings = [replace(f, path=_shown(f.path), message=_one_line(f.message))
+                for f in scan(path)]
     if args.json:
         json.dump([asdict(f) for f in findings], out, indent=2)
         out.write('\n')
@@ -190,7 +255,9 @@ def cmd_scan(args: argparse.Namespace, out: TextIO) -> int:
             out.write(f'{f.path}:{f.line}:{f.col}: {f.kind}: {f.message}\n'
                       f'    -> {f.suggestion}\n')
         files = len({f.path for f in findings})
-        out.write(f'{len(findings)} finding(s) in {files} file(s)\n')
+        unread = sum(f.kind == 'unreadable' for f in findings)
+        note = f' ({unread} could not be read: not scanned)' if unread else ''
+        out.write(f'{len(findings)} finding(s) in {files} file(s){note}\n')
     return 1 if findings else 0
 
 
@@ -239,6 +306,7 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
         raise UsageError(f'{args.script}: no such file')
     from .mmcv import patch_mmcv
 
+    _check_backend_env()
     try:
         patch_mmcv(dtype=args.dtype, backend=args.backend)
     except ImportError as err:
@@ -249,6 +317,9 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
 def cmd_bench(args: argparse.Namespace, out: TextIO) -> int:
     """Run one of the benchmarks of a source checkout."""
     root = Path(__file__).resolve().parent.parent / 'benchmarks'
+    if not re.fullmatch(r'[A-Za-z0-9_]+', args.name):  # no path: only a benchmark's name
+        raise UsageError(f'{_one_line(args.name)!r}: not a benchmark name; give the name of '
+                         'one in benchmarks/ (e.g. decorators)')
     script = root / f'{args.name}.py'
     if not script.is_file():
         available = sorted(p.stem for p in root.glob('*.py')) if root.is_dir() else []
@@ -267,9 +338,17 @@ def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
     """Train a small model in fp32, AMP float16/bfloat16 and legacy; print a table."""
     from .demo import run_demo
 
+    _check_backend_env()
     device = _check_device(args.device) if args.device else best_device()
-    if args.plot and not Path(args.plot).resolve().parent.is_dir():
-        raise UsageError(f'{args.plot}: --plot needs an existing folder to write into')
+    if args.plot:
+        try:
+            target = resolve_target(args.plot)
+        except OSError as err:
+            raise UsageError(f'{_shown(args.plot)}: --plot cannot write there: '
+                             f'{err.strerror or err}') from None
+        if not os.path.isdir(os.path.dirname(os.path.abspath(target))):
+            raise UsageError(f'{_shown(args.plot)}: --plot needs an existing folder to '
+                             'write into')
     results = run_demo(device=device, steps=args.steps, seed=args.seed,
                        progress=sys.stderr.isatty(), out=out)
     if args.plot:
@@ -281,8 +360,9 @@ def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
                 f'{args.plot}: --plot needs matplotlib; install it with '
                 "pip install 'fp16utils[plot]'") from None
         except OSError as err:
-            raise CommandError(f'{args.plot}: could not be written: {err.strerror}') from None
-        out.write(f'wrote {args.plot}\n')
+            raise CommandError(f'{_shown(args.plot)}: could not be written: '
+                               f'{err.strerror or err}') from None
+        out.write(f'wrote {_shown(args.plot)}\n')
     return 0
 
 
@@ -310,7 +390,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     migrate = sub.add_parser('migrate', help='convert a 0.x config file to the 1.x style')
     migrate.add_argument('config', help='the 0.x config (.py)')
-    migrate.add_argument('-o', '--output', help='write here instead of stdout')
+    migrate.add_argument('-o', '--output',
+                         help='write here (atomically; - is stdout) instead of stdout')
     migrate.add_argument('--amp', action='store_true',
                          help='turn the optimizer wrapper(s) into AmpOptimWrapper')
     migrate.add_argument('--dtype', choices=('float16', 'bfloat16', 'auto'), default=None,
@@ -324,7 +405,7 @@ def build_parser() -> argparse.ArgumentParser:
     scan.add_argument('path', help='a directory or a .py file')
     scan.add_argument('--fix', action='store_true', help='rewrite the imports to fp16utils')
     scan.add_argument('--dry-run', action='store_true',
-                      help='with --fix: print the diff, write nothing')
+                      help='print the diff --fix would apply, write nothing')
     scan.add_argument('--json', action='store_true', help='machine-readable output')
     scan.set_defaults(func=cmd_scan)
 
@@ -379,14 +460,29 @@ def main(argv: Optional[Sequence[str]] = None, out: Optional[TextIO] = None) -> 
             return 2
         return args.func(args, out)
     except UsageError as err:
-        sys.stderr.write(f'{PROG}: error: {err}\n')
+        sys.stderr.write(f'{PROG}: error: {_one_line(err)}\n')
         return 2
     except CommandError as err:
-        sys.stderr.write(f'{PROG}: error: {err}\n')
+        sys.stderr.write(f'{PROG}: error: {_one_line(err)}\n')
         return 1
     except KeyboardInterrupt:
         sys.stderr.write(f'{PROG}: interrupted\n')
         return 130
+    except BrokenPipeError:  # the reader went away (``fp16utils scan . | head``)
+        _silence_stdout()
+        return 1
+    except (OSError, RecursionError, MemoryError) as err:
+        sys.stderr.write(f'{PROG}: error: {type(err).__name__}: {_one_line(err)}\n')
+        return 1
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so that Python's exit-time flush does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # not a real file (a test's StringIO)
+        pass
 
 
 if __name__ == '__main__':  # pragma: no cover

@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import io
 import math
 import sys
 import time
@@ -24,6 +25,7 @@ import torch
 from torch import nn
 
 from . import _torch
+from .migrate._atomic import atomic_write
 from .optim import AmpOptimWrapper, OptimWrapper
 from .precision import precision_summary
 
@@ -243,8 +245,12 @@ def _table(results: list[ModeResult], device: str) -> str:
 def plot_results(results: list[ModeResult], path: str) -> None:
     """Draw loss and loss scale per step of each mode into a PNG file.
 
+    The image is written atomically (``fp16utils.migrate._atomic.atomic_write``):
+    a file already at ``path`` is replaced whole or left as it was.
+
     Raises:
         ImportError: When matplotlib is not installed.
+        OSError: When the file cannot be written.
     """
     import matplotlib
 
@@ -263,5 +269,9 @@ def plot_results(results: list[ModeResult], path: str) -> None:
     ax_scale.set_yscale('log', base=2)
     ax_scale.set_xlabel('step')
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    image = io.BytesIO()
+    try:
+        fig.savefig(image, format='png')
+    finally:
+        plt.close(fig)
+    atomic_write(path, image.getvalue())

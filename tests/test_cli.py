@@ -314,7 +314,8 @@ def test_scan_fix_dry_run_prints_diff_and_writes_nothing(tmp_path):
     root = _copy_tree(tmp_path)
     before = _snapshot(root)
     proc = run('scan', str(root), '--fix', '--dry-run')
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 1, proc.stderr  # broken_module.py cannot be parsed
+    assert_one_line_error(proc, 'broken_module.py', 'cannot parse')
     assert '+from fp16utils import' in proc.stdout
     assert '--- ' in proc.stdout and '+++ ' in proc.stdout
     assert 'would change' in proc.stdout
@@ -325,14 +326,15 @@ def test_scan_fix_rewrites_imports_then_is_idempotent(tmp_path):
     root = _copy_tree(tmp_path)
     before = _snapshot(root)
     first = call('scan', str(root), '--fix')
-    assert first.returncode == 0, first.stderr
+    assert first.returncode == 1, first.stderr  # broken_module.py was skipped
+    assert_one_line_error(first, 'broken_module.py', 'cannot parse')
     after = _snapshot(root)
     changed = [k for k in before if before[k] != after[k]]
     assert changed
     for name in changed:
         assert b'from fp16utils import' in after[name]
     second = call('scan', str(root), '--fix')
-    assert second.returncode == 0
+    assert second.returncode == 1
     assert 'changed 0 file(s)' in second.stdout
     assert _snapshot(root) == after
 

@@ -825,7 +825,7 @@ def test_scan_reports_syntax_errors_and_goes_on(tmp_path):
     assert kinds == [
         ('a_bad.py', 'syntax-error'),
         ('b_good.py', 'import'),
-        ('c_bytes.py', 'syntax-error'),
+        ('c_bytes.py', 'unreadable'),
     ]
 
 

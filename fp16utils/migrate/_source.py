@@ -14,9 +14,10 @@ from __future__ import annotations
 import ast
 import io
 import os
+import stat
 import tokenize
 from dataclasses import dataclass
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 #: Top-level packages of the 0.x OpenMMLab codebases.
 MM_PACKAGES = frozenset(
@@ -85,10 +86,28 @@ def alias_text(alias: ast.alias) -> str:
     return alias.name if alias.asname is None else f'{alias.name} as {alias.asname}'
 
 
-def iter_python_files(path: str) -> Iterator[str]:
+def os_reason(err: OSError) -> str:
+    """The words of an OSError without its errno and path: ``Permission denied``.
+
+    Example:
+        >>> os_reason(PermissionError(13, 'Permission denied', 'x.py'))
+        'Permission denied'
+    """
+    return err.strerror or str(err)
+
+
+def iter_python_files(
+    path: str, onerror: Optional[Callable[[OSError], None]] = None
+) -> Iterator[str]:
     """The .py files under ``path`` (or ``path`` itself), sorted, skipping noise dirs.
 
-    Hidden folders, ``__pycache__`` and virtual environments are skipped.
+    Hidden folders, ``__pycache__`` and virtual environments are skipped. Links to
+    folders are not followed (no loops); links to files are yielded like files.
+
+    Args:
+        path: a file or a folder.
+        onerror: called with the OSError of each folder that cannot be listed
+            (without it such a folder is skipped silently, as ``os.walk`` does).
 
     Raises:
         FileNotFoundError: ``path`` is neither a file nor a directory.
@@ -109,7 +128,7 @@ def iter_python_files(path: str) -> Iterator[str]:
         raise FileNotFoundError(
             f'{path!r} is neither a file nor a directory; pass a .py file or a source folder'
         )
-    for root, dirs, files in os.walk(path):
+    for root, dirs, files in os.walk(path, onerror=onerror):
         dirs[:] = sorted(
             d
             for d in dirs
@@ -137,6 +156,8 @@ class Source:
 
     def __init__(self, path: str) -> None:
         self.path = path
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block the read
+            raise OSError(22, 'not a regular file', path)
         with open(path, 'rb') as fh:
             self.raw = fh.read()
         self.encoding, _ = tokenize.detect_encoding(io.BytesIO(self.raw).readline)
@@ -159,19 +180,22 @@ class Source:
 
 @dataclass(frozen=True)
 class Unreadable:
-    """Why a file was skipped: it does not decode or does not parse.
+    """Why a file was skipped: it cannot be read, does not decode or does not parse.
 
     Attributes:
         line: 1-based line of the problem (1 when the file does not decode).
         col: 1-based column.
         message: what went wrong.
         suggestion: what to do about it.
+        kind: ``syntax-error`` (it decodes but does not parse) or ``unreadable``
+            (it cannot be read or decoded, or is too deeply nested to parse).
     """
 
     line: int
     col: int
     message: str
     suggestion: str
+    kind: str = 'syntax-error'
 
 
 def load_source(
@@ -192,6 +216,8 @@ def load_source(
     """
     try:
         src = Source(path)
+    except OSError as exc:
+        return None, None, unreadable(f'cannot read the file: {os_reason(exc)}')
     except (UnicodeDecodeError, SyntaxError, LookupError) as exc:
         return (
             None,
@@ -201,10 +227,13 @@ def load_source(
                 1,
                 f'cannot decode the file: {exc}',
                 'fix the file encoding (or its coding: line); the file was skipped',
+                'unreadable',
             ),
         )
     try:
         tree = ast.parse(src.text, filename=path)
+    except (RecursionError, MemoryError):
+        return src, None, unreadable(TOO_DEEP)
     except (SyntaxError, ValueError) as exc:
         line = getattr(exc, 'lineno', None) or 1
         col = getattr(exc, 'offset', None) or 1
@@ -220,3 +249,17 @@ def load_source(
             ),
         )
     return src, tree, None
+
+
+#: Why a file whose expressions nest too deeply for Python's parser was skipped.
+TOO_DEEP = 'cannot parse the file: its expressions nest too deeply for the Python parser'
+
+
+def unreadable(message: str, line: int = 1) -> Unreadable:
+    """An ``unreadable`` reason: the file (or folder) was skipped and must be looked at.
+
+    Example:
+        >>> unreadable('cannot read the file: Permission denied').kind
+        'unreadable'
+    """
+    return Unreadable(line, 1, message, 'check it by hand: it was skipped', 'unreadable')

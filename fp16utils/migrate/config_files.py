@@ -14,6 +14,8 @@ Example:
 
 from __future__ import annotations
 
+import cmath
+import keyword
 import os
 import runpy
 import types
@@ -39,9 +41,14 @@ def load_config(path: str | os.PathLike[str]) -> dict[str, Any]:
     Returns:
         The config as a dict.
 
+    The file is *executed* (as mmcv's ``Config.fromfile`` does): never load a
+    config you do not trust.
+
     Raises:
-        UsageError: When the file does not exist.
-        CommandError: When it cannot be executed.
+        UsageError: When the file does not exist or is not a file.
+        CommandError: When it (or a ``_base_`` file) cannot be read or executed
+            (exceptions and ``exit()`` included), or ``_base_`` is not a file
+            name or a list of them, is missing, or the bases form a cycle.
 
     Example:
         >>> import tempfile, os
@@ -54,25 +61,29 @@ def load_config(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def _load_config(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
-    path = path.resolve()
+    named = path
+    try:
+        path = path.resolve()
+    except (OSError, RuntimeError) as err:  # a symlink loop
+        raise CommandError(f'{named}: cannot be resolved: {err}') from None
     if path in chain:
         raise CommandError(f'{path}: _base_ files include each other in a cycle')
-    if not path.is_file():
+    where = f'{chain[-1]}: _base_ file {named}' if chain else f'{named}'
+    if not path.exists():
         if chain:
-            raise CommandError(f'{chain[-1]}: _base_ file {path} does not exist')
-        raise UsageError(f'{path}: no such config file')
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter('ignore')
-            namespace = runpy.run_path(str(path), run_name='__config__')
-    except SyntaxError as err:
-        raise CommandError(f'{path}:{err.lineno}: syntax error: {err.msg}') from None
-    except Exception as err:  # the file is the user's code: report, do not crash
-        raise CommandError(f'{path}: could not be executed: {type(err).__name__}: {err}'
-                           ) from None
+            raise CommandError(f'{where} does not exist')
+        raise UsageError(f'{named}: no such config file')
+    if not path.is_file():
+        what = 'a directory' if path.is_dir() else 'not a regular file'
+        problem = f'{where} is {what}; expected a Python config file'
+        raise CommandError(problem) if chain else UsageError(problem)
+    namespace = _run_config(path)
     bases = namespace.get('_base_', [])
     if isinstance(bases, str):
         bases = [bases]
+    if not isinstance(bases, (list, tuple)) or not all(isinstance(b, str) for b in bases):
+        raise CommandError(f'{path}: _base_ must be a file name or a list of file names '
+                           f'(str), got {_short(bases)}')
     merged: dict[str, Any] = {}
     for base in bases:
         merged = _merge(merged, _load_config(path.parent / base, (*chain, path)))
@@ -80,10 +91,43 @@ def _load_config(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
     return _merge(merged, own)
 
 
+def _run_config(path: Path) -> dict[str, Any]:
+    """Execute one config file; every way it can fail becomes one CommandError."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter('ignore')
+            return runpy.run_path(str(path), run_name='__config__')
+    except SyntaxError as err:
+        raise CommandError(f'{path}:{err.lineno or 1}: syntax error: {err.msg}') from None
+    except OSError as err:
+        raise CommandError(f'{path}: cannot be read: {err.strerror or err}') from None
+    except SystemExit as err:
+        raise CommandError(f'{path}: could not be executed: it called exit({err.code!r})'
+                           ) from None
+    except KeyboardInterrupt:
+        raise
+    except BaseException as err:  # the file is the user's code: report, do not crash
+        raise CommandError(f'{path}: could not be executed: {type(err).__name__}: '
+                           f'{_short(err)}') from None
+
+
+def _short(value: Any) -> str:
+    """A one-line, bounded rendering of a value for an error message."""
+    try:
+        text = str(value) if isinstance(value, BaseException) else repr(value)
+    except Exception:  # noqa: BLE001 - a broken __repr__ in the user's config
+        text = f'<{type(value).__name__}>'
+    text = ' '.join(text.split())
+    return text if len(text) <= 120 else text[:117] + '...'
+
+
+_FUNCTION_TYPES = (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, type)
+
+
 def _is_config_value(key: str, value: Any) -> bool:
     if key.startswith('_'):
         return False
-    return not isinstance(value, (types.ModuleType, types.FunctionType, type))
+    return not isinstance(value, _FUNCTION_TYPES)
 
 
 def _merge(base: dict[str, Any], child: dict[str, Any]) -> dict[str, Any]:
@@ -99,16 +143,93 @@ def _merge(base: dict[str, Any], child: dict[str, Any]) -> dict[str, Any]:
 
 
 def format_config(cfg: dict[str, Any]) -> str:
-    """Write a config dict as a readable Python config file.
+    """Write a config dict as a readable Python config file that loads back equal.
 
-    Dicts whose keys are identifiers are written as ``dict(key=value)``.
+    Dicts whose keys are identifiers (and not keywords) are written as
+    ``dict(key=value)``, others as ``{...}`` literals. Only values that a Python
+    literal can carry are accepted (None, bool, int, finite float and complex, str,
+    bytes, and lists, tuples, dicts and sets of them); the text is parsed back
+    and compared with ``cfg`` before it is returned.
+
+    Args:
+        cfg: The config; its keys must be identifiers that are not keywords.
+
+    Returns:
+        The text of the config file.
+
+    Raises:
+        ValueError: Naming the key whose value cannot be written as a literal (an
+            ``inf``/``nan`` float, a class, a function, ...), or when the text would
+            not load back to an equal dict.
 
     Example:
         >>> print(format_config({'optim_wrapper': {'type': 'AmpOptimWrapper'}}), end='')
         optim_wrapper = dict(type='AmpOptimWrapper')
+        >>> format_config({'x': float('inf')})
+        Traceback (most recent call last):
+        ...
+        ValueError: x: inf cannot be written as a literal in a config file; ...
     """
-    lines = [f'{key} = {_format_value(value, 0)}' for key, value in cfg.items()]
-    return '\n'.join(lines) + '\n'
+    for key in cfg:
+        if not _key_is_name(key):
+            raise ValueError(f'{_short(key)}: a top-level config key must be a Python name '
+                             '(an identifier that is not a keyword); rename it')
+        if key == '__builtins__':
+            raise ValueError(f'{key}: not a config key; rename it')
+    try:
+        for key, value in cfg.items():
+            _check_literal(value, key)
+        lines = [f'{key} = {_format_value(value, 0)}' for key, value in cfg.items()]
+    except RecursionError:
+        raise ValueError('the config nests too deeply to be written as a file') from None
+    text = '\n'.join(lines) + '\n'
+    _check_loads_back(text, cfg)
+    return text
+
+
+#: Values written with their repr (exact types: a subclass may repr as anything).
+_SCALARS = (type(None), bool, int, float, complex, str, bytes)
+#: The names a written config may call, and all its check may run.
+_LOAD_NAMES = {'dict': dict, 'set': set, 'frozenset': frozenset}
+
+
+def _check_literal(value: Any, where: str) -> None:
+    """Raise ValueError naming ``where`` unless ``value`` can be written as a literal."""
+    if type(value) in _SCALARS:
+        if isinstance(value, (float, complex)) and not cmath.isfinite(value):
+            raise ValueError(f'{where}: {value!r} cannot be written as a literal in a config '
+                             'file; use a finite number (or a string the code converts)')
+        return
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _check_literal(k, f'{where}[{_short(k)}]')
+            _check_literal(v, f'{where}.{k}' if isinstance(k, str) else f'{where}[{k!r}]')
+        return
+    if isinstance(value, (list, tuple, set, frozenset)):
+        for i, v in enumerate(value):
+            _check_literal(v, f'{where}[{i}]')
+        return
+    raise ValueError(f'{where}: {_short(value)} ({type(value).__name__}) cannot be written as '
+                     'a literal in a config file; write it as a string or a plain value')
+
+
+def _check_loads_back(text: str, cfg: dict[str, Any]) -> None:
+    """Parse and run ``text`` (names: dict, set, frozenset only); raise unless equal to cfg."""
+    namespace: dict[str, Any] = {'__builtins__': dict(_LOAD_NAMES)}
+    try:
+        exec(compile(text, '<config>', 'exec'), namespace)  # noqa: S102 - our own text
+    except (SyntaxError, RecursionError, MemoryError, ValueError) as err:
+        raise ValueError(f'the written config would not load back ({type(err).__name__}: '
+                         f'{_short(err)}); nothing was written') from None
+    del namespace['__builtins__']
+    if namespace != cfg:
+        differ = [k for k in cfg if k not in namespace or namespace[k] != cfg[k]]
+        raise ValueError(f'{", ".join(differ) or "the config"}: the written config would '
+                         'not load back to the same values; nothing was written')
+
+
+def _key_is_name(key: Any) -> bool:
+    return isinstance(key, str) and key.isidentifier() and not keyword.iskeyword(key)
 
 
 def _format_value(value: Any, indent: int) -> str:
@@ -116,7 +237,7 @@ def _format_value(value: Any, indent: int) -> str:
     if isinstance(value, dict):
         if not value:
             return 'dict()'
-        if all(isinstance(k, str) and k.isidentifier() for k in value):
+        if all(_key_is_name(k) for k in value):
             items = [f'{k}={_format_value(v, indent + 1)}' for k, v in value.items()]
             one_line = f'dict({", ".join(items)})'
             if len(one_line) + 4 * indent <= 80 and '\n' not in one_line:
@@ -124,6 +245,10 @@ def _format_value(value: Any, indent: int) -> str:
             return 'dict(\n' + ',\n'.join(pad + i for i in items) + ')'
         items = [f'{k!r}: {_format_value(v, indent + 1)}' for k, v in value.items()]
         return '{\n' + ',\n'.join(pad + i for i in items) + '}'
+    if isinstance(value, (set, frozenset)):
+        inner = ', '.join(_format_value(v, indent + 1) for v in value)
+        text = f'{{{inner}}}' if value else 'set()'
+        return text if isinstance(value, set) else f'frozenset({text if value else ""})'
     if isinstance(value, (list, tuple)):
         parts = [_format_value(v, indent + 1) for v in value]
         open_, close = ('[', ']') if isinstance(value, list) else ('(', ')')

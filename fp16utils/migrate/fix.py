@@ -22,7 +22,16 @@ import tokenize
 from dataclasses import dataclass
 from typing import Optional
 
-from ._source import FP16_NAMES, Source, alias_text, is_mm_module, iter_python_files, load_source
+from ._atomic import atomic_write
+from ._source import (
+    FP16_NAMES,
+    Source,
+    alias_text,
+    is_mm_module,
+    iter_python_files,
+    load_source,
+    os_reason,
+)
 
 __all__ = ['FileChange', 'fix_imports']
 
@@ -224,17 +233,10 @@ def _fix_file(path: str, dry_run: bool) -> FileChange:
     new_lines = io.StringIO(text, newline='').readlines()
     diff = _unified_diff(path, src.lines, new_lines)
     if not dry_run:
-        data = text.encode(src.encoding)
-        tmp = f'{path}.fp16utils-tmp'
-        with open(tmp, 'wb') as fh:
-            fh.write(data)
         try:
-            os.chmod(tmp, os.stat(path).st_mode & 0o7777)
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+            atomic_write(path, text.encode(src.encoding))
+        except OSError as err:
+            return FileChange(path, diff, False, f'could not be written: {os_reason(err)}')
     return FileChange(path, diff, True)
 
 
@@ -258,7 +260,10 @@ def fix_imports(path: str | os.PathLike[str], dry_run: bool = False) -> list[Fil
 
     Returns:
         One :class:`FileChange` per Python file looked at (``changed`` tells which
-        ones change; files that do not parse come back unchanged, with ``error`` set).
+        ones change; files that cannot be read, decoded, parsed or written, and
+        folders that cannot be listed, come back unchanged, with ``error`` set).
+        Each file is replaced atomically (see :mod:`fp16utils.migrate._atomic`): a
+        link is written through to the file it points to and stays a link.
 
     Example:
         >>> import tempfile, pathlib
@@ -270,4 +275,12 @@ def fix_imports(path: str | os.PathLike[str], dry_run: bool = False) -> list[Fil
         from mmcv.runner import BaseModule  # noqa
         from fp16utils import auto_fp16
     """
-    return [_fix_file(file, dry_run) for file in iter_python_files(os.fspath(path))]
+    changes: list[FileChange] = []
+
+    def folder_error(err: OSError) -> None:
+        where = os.fsdecode(err.filename or os.fspath(path))
+        changes.append(FileChange(where, '', False, f'cannot list the folder: {os_reason(err)}'))
+
+    for file in iter_python_files(os.fspath(path), onerror=folder_error):
+        changes.append(_fix_file(file, dry_run))
+    return changes

@@ -23,12 +23,16 @@ from ._source import (
     FP16_MODULE_LEAVES,
     FP16_NAMES,
     MM_PACKAGES,
+    TOO_DEEP,
     Source,
+    Unreadable,
     alias_text,
     is_fp16_module,
     is_mm_module,
     iter_python_files,
     load_source,
+    os_reason,
+    unreadable,
 )
 
 __all__ = ['Finding', 'scan']
@@ -48,7 +52,9 @@ class Finding:
         kind: one of ``import``, ``module-import``, ``star-import``,
             ``attribute-use``, ``decorator``, ``bare-decorator``,
             ``forward-decorator``, ``fp16-enabled``, ``config-fp16``,
-            ``config-optimizer-hook``, ``config-runner-scaler``, ``syntax-error``.
+            ``config-optimizer-hook``, ``config-runner-scaler``, ``syntax-error``,
+            ``unreadable`` (a file or folder that could not be read, decoded or
+            parsed: it was not scanned).
         message: what was found.
         suggestion: the 1.x step to take.
 
@@ -353,7 +359,9 @@ def scan(path: str | os.PathLike[str]) -> list[Finding]:
     ``fp16 = dict(...)``, ``optimizer_config = dict(type='Fp16OptimizerHook', ...)``
     and ``runner = dict(fp16_loss_scaler=...)``. Hidden folders, ``__pycache__`` and
     virtual environments are skipped; a file that does not parse gives one
-    ``syntax-error`` finding.
+    ``syntax-error`` finding, and a file or folder that cannot be read (permission,
+    not a regular file, not decodable, nested too deeply) one ``unreadable``
+    finding: an empty result means everything was read.
 
     Args:
         path: a .py file or a folder.
@@ -369,17 +377,27 @@ def scan(path: str | os.PathLike[str]) -> list[Finding]:
         [(1, 'import')]
     """
     findings: list[Finding] = []
-    for file in iter_python_files(os.fspath(path)):
+
+    def folder_error(err: OSError) -> None:
+        why = unreadable(f'cannot list the folder: {os_reason(err)}')
+        findings.append(_finding(os.fsdecode(err.filename or path), why))
+
+    for file in iter_python_files(os.fspath(path), onerror=folder_error):
         src, tree, why = load_source(file)
         if why is not None:
-            findings.append(
-                Finding(file, why.line, why.col, 'syntax-error', why.message, why.suggestion)
-            )
+            findings.append(_finding(file, why))
             continue
         assert src is not None and tree is not None
         scanner = _Scanner(src, tree)
-        scanner.visit(tree)
-        scanner.config_assignments(tree)
+        try:
+            scanner.visit(tree)
+            scanner.config_assignments(tree)
+        except RecursionError:
+            findings.append(_finding(file, unreadable(TOO_DEEP)))
+            continue
         findings.extend(scanner.findings)
     return sorted(findings, key=lambda f: (f.path, f.line, f.col, f.kind))
 
+
+def _finding(path: str, why: Unreadable) -> Finding:
+    return Finding(path, why.line, why.col, why.kind, why.message, why.suggestion)
