@@ -28,7 +28,6 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import threading
 import warnings
 from collections import abc
@@ -37,6 +36,9 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 import torch
 from torch import nn
 
+from .records import NonFiniteRecord
+from .records import dtype_name as _dtype_name
+
 __all__ = ['NonFiniteRecord', 'OverflowReport', 'find_overflow', 'nonfinite_summary']
 
 #: Name shown for the model itself (``''`` in ``named_modules``).
@@ -44,93 +46,6 @@ ROOT_NAME = '<root>'
 
 _FP16_MAX = float(torch.finfo(torch.float16).max)
 _MAX_DEPTH = 16  # how deep to look inside nested output containers
-
-
-@dataclasses.dataclass(frozen=True)
-class NonFiniteRecord:
-    """One tensor that held inf or nan.
-
-    Attributes:
-        kind: ``'forward-output'`` (a module's output in the forward pass),
-            ``'backward-grad'`` (the gradient with respect to a module's
-            output), ``'param-grad'`` (a parameter's ``.grad`` after the
-            block), ``'grad'`` or ``'value'`` (from :func:`nonfinite_summary`).
-        name: Qualified module or parameter name (``'<root>'`` for the model).
-        dtype: The tensor's dtype.
-        shape: The tensor's shape.
-        max_abs: Largest magnitude among its finite entries; None when no
-            entry was finite. Close to 65504 in float16 points at an overflow.
-        num_inf: How many entries were +inf or -inf.
-        num_nan: How many entries were nan.
-        numel: How many entries the tensor had.
-        path: Where the tensor sat inside the module's output: ``''`` for the
-            output itself, ``'[0]'``, ``"['logits']"``, ``'.field'``.
-        module_type: Class name of the module (empty for parameters).
-        call: For module records, which call of that module in the block it
-            was (1 for the first); 0 otherwise.
-        inputs_finite: For forward records, whether every floating-point
-            input of that call was finite (False means the values were bad
-            before this module ran; an in-place module sees its own output
-            as its input); None when not checked.
-
-    Example:
-        >>> import torch
-        >>> [r.problem for r in nonfinite_summary([torch.tensor([1.0, float('inf')])])]
-        ['1 inf of 2']
-    """
-
-    kind: str
-    name: str
-    dtype: torch.dtype
-    shape: Tuple[int, ...]
-    max_abs: Optional[float]
-    num_inf: int
-    num_nan: int
-    numel: int
-    path: str = ''
-    module_type: str = ''
-    call: int = 0
-    inputs_finite: Optional[bool] = None
-
-    @property
-    def has_inf(self) -> bool:
-        """True when the tensor held at least one inf."""
-        return self.num_inf > 0
-
-    @property
-    def has_nan(self) -> bool:
-        """True when the tensor held at least one nan."""
-        return self.num_nan > 0
-
-    @property
-    def problem(self) -> str:
-        """Short description, e.g. ``'3 inf of 8'`` or ``'2 inf, 1 nan of 8'``."""
-        parts = []
-        if self.num_inf:
-            parts.append(f'{self.num_inf} inf')
-        if self.num_nan:
-            parts.append(f'{self.num_nan} nan')
-        return f'{", ".join(parts) or "non-finite"} of {self.numel}'
-
-    @property
-    def where(self) -> str:
-        """The name with the output path, e.g. ``"head['logits']"``."""
-        return f'{self.name}{self.path}'
-
-    def to_dict(self) -> Dict[str, Any]:
-        """A JSON-serialisable dict (dtype as its name, e.g. ``'float16'``).
-
-        Example:
-            >>> rec = nonfinite_summary([torch.tensor([1.0, float('inf')])])[0]
-            >>> rec.to_dict()['dtype'], rec.to_dict()['num_inf']
-            ('float32', 1)
-        """
-        out = dataclasses.asdict(self)
-        out['dtype'] = _dtype_name(self.dtype)
-        out['shape'] = list(self.shape)
-        out['has_inf'] = self.has_inf
-        out['has_nan'] = self.has_nan
-        return out
 
 
 class OverflowReport:
@@ -303,10 +218,6 @@ class OverflowReport:
     def __repr__(self) -> str:
         return (f'OverflowReport(ok={self.ok}, first_module={self.first_module!r}, '
                 f'parameters={[p.name for p in self.parameters]})')
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).replace('torch.', '')
 
 
 def _checkable(t: Any) -> bool:

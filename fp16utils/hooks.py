@@ -48,7 +48,7 @@ import importlib.abc
 import importlib.machinery
 import logging
 import sys
-from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -78,6 +78,7 @@ from .engine import (
     take_step,
 )
 from .engine.ranks import check_setting
+from .runner_hook import RunnerHook
 from .wrap import wrap_fp16_model
 
 __all__ = ['Fp16OptimizerHook', 'GradientCumulativeFp16OptimizerHook']
@@ -181,62 +182,6 @@ def _allreduce_grads(params: List[Any], coalesce: bool = True,
                 p.grad = None
 
 
-def _calls(stage: str) -> Callable[[Any, Any], None]:
-    """A hook stage that calls the stage named ``stage`` (as mmcv's ``Hook`` does)."""
-
-    def call(self: Any, runner: Any) -> None:
-        getattr(self, stage)(runner)
-
-    call.__doc__ = f'Calls :meth:`{stage}`.'
-    return call
-
-
-class _RunnerHook:
-    """The base of the hooks while mmcv is not imported: every stage of an mmcv hook.
-
-    A runner other than mmcv's calls the stages it knows; the ones the hooks
-    do not use do nothing. ``priority`` is ``'ABOVE_NORMAL'``, where mmcv
-    registers optimizer hooks. Once ``mmcv.runner`` is imported, the hooks'
-    base becomes ``mmcv.runner.Hook`` instead (whose ``register_hook`` sets
-    ``priority`` itself and refuses a hook that already has one).
-
-    Example:
-        >>> _RunnerHook().before_epoch(runner=None)
-        >>> _RunnerHook.priority
-        'ABOVE_NORMAL'
-    """
-
-    priority = 'ABOVE_NORMAL'
-
-    def before_run(self, runner: Any) -> None:
-        """Nothing to do."""
-
-    def after_run(self, runner: Any) -> None:
-        """Nothing to do."""
-
-    def before_epoch(self, runner: Any) -> None:
-        """Nothing to do."""
-
-    def after_epoch(self, runner: Any) -> None:
-        """Nothing to do."""
-
-    def before_iter(self, runner: Any) -> None:
-        """Nothing to do."""
-
-    def after_iter(self, runner: Any) -> None:
-        """Nothing to do."""
-
-    # The train/val stages call the generic ones, so overriding before_iter covers both.
-    before_train_epoch = _calls('before_epoch')
-    before_val_epoch = _calls('before_epoch')
-    after_train_epoch = _calls('after_epoch')
-    after_val_epoch = _calls('after_epoch')
-    before_train_iter = _calls('before_iter')
-    before_val_iter = _calls('before_iter')
-    after_train_iter = _calls('after_iter')
-    after_val_iter = _calls('after_iter')
-
-
 def _fp16_slot(runner: Any) -> Any:
     """``runner.meta['fp16']``, made (with ``runner.meta``) where it is None or absent."""
     if runner.meta is None:
@@ -247,7 +192,7 @@ def _fp16_slot(runner: Any) -> Any:
     return slot
 
 
-class Fp16OptimizerHook(_RunnerHook):
+class Fp16OptimizerHook(RunnerHook):
     """mmcv's ``Fp16OptimizerHook``: fp16 backward, scaling, clipping and the update.
 
     After each training iteration the hook zeroes the gradients, backwards
@@ -602,7 +547,7 @@ def _set_base(base: Optional[type] = None) -> None:
     :class:`Fp16OptimizerHook`, and so do hooks that users derive from them.
     Existing hook objects follow too (``isinstance`` reads the class's bases).
     """
-    base = _RunnerHook if base is None else base
+    base = RunnerHook if base is None else base
     if Fp16OptimizerHook.__bases__ == (base,):
         return
     try:
