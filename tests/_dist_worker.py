@@ -447,7 +447,9 @@ def dist_main(rank: int, world_size: int, init_file: str, out_dir: str,
         results['error'] = traceback.format_exc()
         print(results['error'], file=sys.stderr)
         status = EXIT_FAILED
-    torch.save(results, os.path.join(out_dir, f'rank{rank}.pt'))
+    final = os.path.join(out_dir, f'rank{rank}.pt')
+    torch.save(results, final + '.tmp')
+    os.replace(final + '.tmp', final)  # the parent reads a complete file or none
     if status == 0:
         dist.barrier()  # no rank tears the group down while another still uses it
         dist.destroy_process_group()
