@@ -247,9 +247,11 @@ def _check_owner(args: tuple, supported_types: tuple, decorator: str,
 
 
 def _switched(func: F, supported_types: tuple, decorator: str,
-              run: Callable[[Any, Mapping[str, Any], tuple, dict], Any]) -> F:
+              run: Callable[[Any, Mapping[str, Any], tuple, dict], Any],
+              idle: Optional[Callable[[tuple, dict], Any]] = None) -> F:
     """Wrap ``func`` so that ``run(owner, owner.__dict__, args, kwargs)`` replaces it
-    when the owner (the first argument) has a true ``fp16_enabled``; else ``func`` runs.
+    when the owner (the first argument) has a true ``fp16_enabled``; else ``func``
+    runs (or ``idle(args, kwargs)``, when given).
 
     The check is inline, so the disabled path costs next to nothing.
     """
@@ -275,7 +277,9 @@ def _switched(func: F, supported_types: tuple, decorator: str,
                 f'{type(owner).__name__}.fp16_enabled must be True or False, got '
                 f'{enabled!r}, which has no truth value ({err}).') from None
         if off:
-            return func(*args, **kwargs)
+            if idle is None:
+                return func(*args, **kwargs)
+            return idle(args, kwargs)
         return run(owner, state, args, kwargs)
 
     wrapper._fp16utils_decorated = True  # type: ignore[attr-defined]
@@ -431,11 +435,17 @@ def auto_fp16(apply_to: Optional[Iterable[str]] = None, out_fp32: bool = False,
 
 def force_fp32(apply_to: Optional[Iterable[str]] = None, out_fp16: bool = False,
                supported_types: tuple = (nn.Module,)) -> Callable[[F], F]:
-    """Run a method in float32 when its owner has ``fp16_enabled`` set.
+    """Run a method in float32 when its owner has ``fp16_enabled`` set, or under autocast.
 
     The mirror image of :func:`auto_fp16`: the named float16 and bfloat16
     arguments become float32 and the method runs with autocast disabled on
-    their device. Without the flag the method runs untouched.
+    their device. It acts when the owner has a true ``fp16_enabled`` (the 0.x
+    style), and also, without the flag, whenever autocast is on for the
+    device of the arguments (the 1.x style: a whole forward under
+    ``optim_context`` or ``torch.autocast``), so that a loss stays float32
+    once a codebase drops its flags. Otherwise the method runs untouched, as
+    mmcv's does. Without the flag, ``out_fp16`` casts back to the autocast
+    dtype.
 
     Args:
         apply_to: Names of the arguments to cast; None casts them all.
@@ -475,6 +485,19 @@ def force_fp32(apply_to: Optional[Iterable[str]] = None, out_fp16: bool = False,
                 output = _cast(output, _FLOAT, low, None)
             return output
 
-        return _switched(func, supported_types, 'force_fp32', run)
+        def idle(args: tuple, kwargs: dict) -> Any:
+            # No fp16_enabled flag: float32 all the same where autocast is on for the
+            # arguments' device (a 1.x whole-forward autocast), else untouched.
+            if not _torch.any_autocast_enabled():
+                return func(*args, **kwargs)
+            enabled, low = _torch.autocast_state(_find_device_type(args, kwargs, ()))
+            if not enabled:
+                return func(*args, **kwargs)
+            output = run_fp32(plan, func, args, kwargs)
+            if out_fp16:
+                output = _cast(output, _FLOAT, low if low in _LOW else torch.float16, None)
+            return output
+
+        return _switched(func, supported_types, 'force_fp32', run, idle)
 
     return decorator

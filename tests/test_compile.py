@@ -372,3 +372,28 @@ def test_backend_env_is_followed_under_compile(monkeypatch, backend, dtype):
     out = torch.compile(model, fullgraph=True, backend='eager')(x, y)
     assert ref.dtype == out.dtype == dtype
     _same(out, ref)
+
+
+# ------------------------------------------------------ 1.x style: no flags, outer autocast
+
+
+@pytest.mark.usefixtures('fullgraph')
+@pytest.mark.parametrize('dtype', _caps.LOW_DTYPES)
+def test_compile_force_fp32_without_flag_under_autocast(dtype):
+    """The migrated model: no fp16_enabled, a whole-forward autocast, a float32 loss."""
+    model = Full()
+    del model.net.fp16_enabled
+    x, t = _inputs()
+
+    def step(m, x, t):
+        with torch.autocast('cpu', dtype=dtype):
+            pred = m.net.fc2(m.net.fc1(x))
+            return m.net.loss(pred, t), pred
+
+    ref_loss, ref_pred = step(model, x, t)
+    assert (ref_pred.dtype, ref_loss.dtype) == (dtype, torch.float32)
+    explained = torch._dynamo.explain(step)(model, x, t)
+    assert explained.graph_break_count == 0, explained.break_reasons
+    loss, pred = torch.compile(step, fullgraph=True, backend='eager')(model, x, t)
+    _same(pred, ref_pred)
+    _same(loss, ref_loss)

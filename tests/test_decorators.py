@@ -571,8 +571,7 @@ def test_wraps_metadata(decorator):
 
 
 @pytest.mark.parametrize('enabled', [None, False, 0])
-@pytest.mark.parametrize('decorator', [auto_fp16(out_fp32=True), force_fp32(out_fp16=True),
-                                       auto_fp16(apply_to=('x',))])
+@pytest.mark.parametrize('decorator', [auto_fp16(out_fp32=True), auto_fp16(apply_to=('x',))])
 def test_disabled_runs_original(enabled, decorator):
     sentinel = {'out': f32()}
 
@@ -593,6 +592,72 @@ def test_disabled_runs_original(enabled, decorator):
     assert out is sentinel and out['out'].dtype == F32
     m(x)
     assert m.seen['autocast'][0] is False  # and no autocast of its own
+
+
+@pytest.mark.parametrize('enabled', [None, False, 0])
+def test_force_fp32_without_flag_runs_original_outside_autocast(enabled):
+    sentinel = {'out': f32()}
+
+    class M(Recorder):
+        @force_fp32(out_fp16=True)
+        def loss(self, x, y=None):
+            self.record(x=x, y=y)
+            return sentinel
+
+    m = M(enabled=enabled)
+    x, y = torch.ones(2, dtype=F16), torch.ones(2, dtype=BF16)
+    out = m.loss(x, y=y)
+    assert m.seen['x'] is x and m.seen['y'] is y  # untouched, as mmcv's
+    assert m.seen['autocast'] == (False, autocast_now()[1])
+    assert out is sentinel and out['out'].dtype == F32
+
+
+@pytest.mark.parametrize('enabled', [None, False, 0])
+@pytest.mark.parametrize('dtype', _caps.LOW_DTYPES, ids=lambda d: _caps.NAMES[d])
+def test_force_fp32_without_flag_acts_under_autocast(enabled, dtype):
+    """The 1.x style: the flags are gone, the whole forward autocasts; the loss is float32."""
+
+    class M(Recorder):
+        @force_fp32(apply_to=('pred',))
+        def loss(self, pred, target):
+            self.record(pred=pred, target=target)
+            return torch.mm(pred, pred.t()).sum()
+
+    m = M(enabled=enabled)
+    pred = torch.tensor([[0.5, -1.25], [3.0, 2.0]], dtype=dtype)
+    target = torch.ones(2, dtype=dtype)
+    with torch.autocast('cpu', dtype=dtype):
+        out = m.loss(pred, target)
+        assert autocast_now() == (True, dtype)  # restored for the caller
+    assert m.seen['pred'].dtype == F32 and torch.equal(m.seen['pred'], pred.float())
+    assert m.seen['target'] is target  # not named in apply_to
+    assert m.seen['autocast'][0] is False  # the body runs with autocast off
+    assert out.dtype == F32
+
+
+@pytest.mark.parametrize('dtype', _caps.LOW_DTYPES, ids=lambda d: _caps.NAMES[d])
+def test_force_fp32_without_flag_out_fp16_gives_the_autocast_dtype(dtype):
+    class M(nn.Module):
+        @force_fp32(out_fp16=True)
+        def loss(self, pred):
+            return pred * 2, torch.arange(2)
+
+    with torch.autocast('cpu', dtype=dtype):
+        out, ids = M().loss(torch.ones(2, dtype=dtype))
+    assert out.dtype == dtype and ids.dtype == torch.int64
+
+
+def test_force_fp32_without_flag_autocast_disabled_region_runs_original():
+    class M(Recorder):
+        @force_fp32()
+        def loss(self, x):
+            return self.record(x=x)
+
+    m = M(enabled=None)
+    x = torch.ones(2, dtype=BF16)
+    with torch.autocast('cpu', dtype=BF16), torch.autocast('cpu', enabled=False):
+        m.loss(x)
+    assert m.seen['x'] is x
 
 
 def test_class_attribute_enables():

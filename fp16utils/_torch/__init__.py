@@ -470,6 +470,23 @@ def autocast_state(device_type: str) -> tuple[bool, torch.dtype | None]:
     return False, None
 
 
+def any_autocast_enabled() -> bool:
+    """Whether autocast is on for any device type (one C call on current torch).
+
+    The cheap first question of ``@force_fp32``'s flag-off path; dynamo traces it.
+
+    Example:
+        >>> any_autocast_enabled()
+        False
+        >>> with autocast_for('cpu', torch.bfloat16):
+        ...     any_autocast_enabled()
+        True
+    """
+    if _any_autocast is not None:
+        return bool(_any_autocast())
+    return autocast_state('cpu')[0] or autocast_state('cuda')[0]
+
+
 def group_by_device_and_dtype(
         tensors: Sequence[torch.Tensor]) -> list[tuple[Any, list[torch.Tensor]]]:
     """Group tensors by (device, dtype) for foreach kernels (one C++ pass).
@@ -506,6 +523,7 @@ _C_GROUP_NAMES_DTYPES = _c_group is not None and isinstance(
 _HAS_DEVICE_AUTOCAST = hasattr(torch, 'autocast')  # torch >= 1.10
 _HAS_DEVICE_AUTOCAST_STATE = hasattr(torch, 'get_autocast_dtype')  # torch >= 2.4
 _AMP_GRAD_SCALER = getattr(getattr(torch, 'amp', None), 'GradScaler', None)  # >= 2.3
+_any_autocast = getattr(torch._C, '_is_any_autocast_enabled', None)  # torch >= 2.0
 
 
 # --------------------------------------------------------------------------- probes
