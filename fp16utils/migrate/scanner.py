@@ -254,8 +254,8 @@ class _Scanner(ast.NodeVisitor):
 
     _FLAG_HINT = (
         'only the 0.x decorators read fp16_enabled (wrap_fp16_model sets it); it keeps '
-        'working with fp16utils; delete it together with @auto_fp16/@force_fp32 once the '
-        'config uses AmpOptimWrapper'
+        'working with fp16utils; delete it together with @auto_fp16 once the config uses '
+        'AmpOptimWrapper (@force_fp32 keeps its method float32 under autocast without it)'
     )
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
