@@ -31,7 +31,8 @@ import struct
 from typing import Any
 
 __all__ = ['F32_RECIPROCAL_LIMIT', 'MAX_GROWTH_INTERVAL', 'MAX_GROWTH_TRACKER', 'MAX_SCALE',
-           'SCALE_RANGE', 'grad_scaler_bounds_error', 'to_float32', 'usable_scale']
+           'SCALE_RANGE', 'grad_scaler_bounds_error', 'real_number', 'to_float32',
+           'usable_scale']
 
 #: The largest loss scale (the largest power of two a float32 holds).
 MAX_SCALE = 2.0**127
@@ -59,18 +60,44 @@ def to_float32(value: float) -> float:
         return math.copysign(math.inf, value)
 
 
+def real_number(value: Any) -> Any:
+    """``value`` as a Python int or float when it is a real number, else None.
+
+    Numbers that mmcv's ``LossScaler`` and ``GradScaler`` take as they come
+    count too: numpy scalars and 0-d tensors (``.item()``). A bool is not a number.
+
+    Example:
+        >>> real_number(2), real_number('2'), real_number(True)
+        (2, None, None)
+    """
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return value
+    if getattr(value, 'ndim', None) == 0 and callable(getattr(value, 'item', None)):
+        try:
+            item = value.item()
+        except (TypeError, ValueError, RuntimeError):
+            return None
+        if isinstance(item, (int, float)) and not isinstance(item, bool):
+            return item
+    return None
+
+
 def usable_scale(value: Any) -> bool:
     """Whether ``value`` is a loss scale that works: a number (not a bool) in range.
 
     In range: ``0 < value <= 2**127``, and the float32 reciprocal finite both of
     ``value`` and of ``value`` rounded to float32 (``GradScaler`` rounds the
-    scale first, the legacy backend does not).
+    scale first, the legacy backend does not). A numpy scalar or a 0-d tensor
+    holding such a number is one too (``float()`` takes it).
 
     Example:
         >>> usable_scale(2.0 ** 127), usable_scale(2.0 ** 128), usable_scale(True)
         (True, False, False)
     """
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    value = real_number(value)
+    if value is None:
         return False
     if not (math.isfinite(value) and 0 < value <= MAX_SCALE):
         return False

@@ -375,10 +375,11 @@ class Fp16OptimizerHook(RunnerHook):
                 legacy.reduce = self._reduce
             wrap_fp16_model(model, self.dtype, backend='legacy')
             return legacy
-        wrap_fp16_model(model, self.dtype, backend='native')
         first = params[:1]
-        return NativeEngine(spec, self.dtype, lambda: first[0].device.type if first else 'cpu',
-                            self.nonfinite, self._clip)
+        native = NativeEngine(spec, self.dtype, lambda: first[0].device.type if first else 'cpu',
+                              self.nonfinite, self._clip, owner=owner)  # checks, then converts
+        wrap_fp16_model(model, self.dtype, backend='native')
+        return native
 
     def _grad_params(self) -> List[Any]:
         """The tensors whose ``.grad`` accumulates over a window."""
