@@ -14,6 +14,10 @@ The setting (``agree_across_ranks`` of the wrappers, hooks and engines) is:
 - ``False``: every rank decides alone (ranks that do not train one model);
 - a process group: agree within that group (when it has more than one rank).
 
+Errors decided from one rank's gradients travel in the same flag: a rank whose
+overflow guard must raise adds :data:`VETO` to it (:func:`with_veto`), so every
+rank raises at the same step instead of one rank leaving the collective.
+
 Deadlock rule: while ranks agree, every rank of the group must call the step
 the same number of times (the flag is a collective), as with DDP itself.
 

@@ -416,3 +416,52 @@ def test_a_tiny_backoff_factor_backs_off_to_the_floor_not_to_zero(value):
     floor = max(64.0 * float(value), 1.0)  # never below min(1, init_scale)
     assert wrapper.loss_scale == wrapper.loss_scaler.get_scale() == floor
     assert all(r.stepped for r in _train(wrapper, model)) and _all_finite(model, optimizer)
+
+
+# ------------------------------------------------- clip_grad(error_if_nonfinite=True)
+
+CLIP_RAISES = dict(max_norm=1.0, error_if_nonfinite=True)
+
+
+@pytest.mark.parametrize('style', ['wrapper', 'hook'])
+def test_an_overflow_with_error_if_nonfinite_clipping_is_a_skipped_step(style):
+    """float16: an overflow backs the scale off, as without clipping; clean steps clip."""
+    _caps.require(F16, 'native')
+    model = R.Net(seed=0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    data = [R.overflow_batch(), *R.make_data(2, seed=3)]
+    if style == 'wrapper':
+        wrapper = AmpOptimWrapper(optimizer, loss_scale=dict(init_scale=64.0), dtype=F16,
+                                  clip_grad=CLIP_RAISES)
+        before = R.snapshot(model, optimizer)
+        with wrapper.optim_context(model):
+            loss = R.mse(model, data[0])
+        first = wrapper.update_params(loss)
+        assert first.skipped and first.grad_norm is None and wrapper.loss_scale == 32.0
+        R.assert_identical(before, R.snapshot(model, optimizer))
+        results = _train(wrapper, model)
+        assert all(r.stepped and r.grad_norm is not None for r in results)
+    else:
+        hook = Fp16OptimizerHook(loss_scale=dict(init_scale=64.0), dtype=F16,
+                                 backend='native', grad_clip=CLIP_RAISES)
+        runner = R.MiniRunner(model, optimizer, [hook], max_iters=3, meta={})
+        runner.run(data, R.mse)
+        assert hook.skipped_steps == 1 and hook.steps_taken == 2 and hook.loss_scale == 32.0
+    assert _all_finite(model, optimizer)
+
+
+def test_error_if_nonfinite_still_raises_for_a_real_non_finite_without_scaling():
+    """bfloat16, nonfinite='ignore' (apply as torch would): torch's error, nothing applied."""
+    _caps.require(torch.bfloat16, 'native', scaled=False)
+    model = R.Net(seed=0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    wrapper = AmpOptimWrapper(optimizer, dtype='bfloat16', nonfinite='ignore',
+                              clip_grad=CLIP_RAISES)
+    before = R.snapshot(model, optimizer)
+    with wrapper.optim_context(model):
+        loss = R.mse(model, R.make_data(1)[0]) * INF
+    with pytest.raises(RuntimeError, match='non-finite'):
+        wrapper.update_params(loss)
+    R.assert_identical(before, R.snapshot(model, optimizer))
+    assert wrapper.steps_taken == 0 and wrapper.inner_count == 0
+    assert all(r.stepped for r in _train(wrapper, model))  # the next iterations train
