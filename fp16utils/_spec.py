@@ -19,6 +19,8 @@ import logging
 import math
 from typing import Any, Dict, Mapping, NamedTuple, Optional, Tuple
 
+from ._limits import SCALE_RANGE, usable_scale
+
 __all__ = [
     'NotADictError',
     'GRAD_SCALER_ARGS', 'GRAD_SCALER_STATE_KEYS', 'LOSS_SCALER_ARGS', 'MAX_LOSS_SCALE',
@@ -83,15 +85,14 @@ def is_positive_int(value: Any) -> bool:
 def check_scale(value: Any, owner: str, name: str) -> float:
     """Return ``value`` as a float when it is a usable loss scale, else raise naming it.
 
-    A loss scale is a number (not a bool) in ``(0, MAX_LOSS_SCALE]``.
+    A loss scale is a number (not a bool) in ``(0, MAX_LOSS_SCALE]``, its float32 reciprocal finite.
 
     Example:
         >>> check_scale(512, 'LossScaler', 'init_scale')
         512.0
     """
-    if not (positive_finite(value) and value <= MAX_LOSS_SCALE):
-        raise ValueError(f'{owner}: {name} must be a finite number > 0 and <= 2**127, got '
-                         f'{value!r}.')
+    if not usable_scale(value):
+        raise ValueError(f'{owner}: {name} must be {SCALE_RANGE}, got {value!r}.')
     return float(value)
 
 
@@ -175,9 +176,8 @@ def parse_loss_scale(loss_scale: Any, owner: str,
             return dynamic
         raise ValueError(f"{usage}; got the string {loss_scale!r}.")
     if is_number(loss_scale):
-        if not (positive_finite(loss_scale) and loss_scale <= MAX_LOSS_SCALE):
-            raise ValueError(f'{usage}; got {loss_scale!r}, which is not a finite number > 0 '
-                             'and <= 2**127.')
+        if not usable_scale(loss_scale):
+            raise ValueError(f'{usage}; got {loss_scale!r}, which is not {SCALE_RANGE}.')
         return dynamic._replace(static=True, init_scale=float(loss_scale))
     if not isinstance(loss_scale, Mapping):
         raise ValueError(f'{usage}; got {type(loss_scale).__name__} {loss_scale!r}.')
@@ -195,8 +195,8 @@ def parse_loss_scale(loss_scale: Any, owner: str,
         raise ValueError(f"{usage}; mode must be 'dynamic' or 'static', got {mode!r}.")
     static = mode == 'static'
     init_scale = args.get('init_scale', dynamic.init_scale)
-    if not (positive_finite(init_scale) and init_scale <= MAX_LOSS_SCALE):
-        raise ValueError(f'{usage}; init_scale must be a finite number > 0 and <= 2**127, got '
+    if not usable_scale(init_scale):
+        raise ValueError(f'{usage}; init_scale must be {SCALE_RANGE}, got '
                          f'{init_scale!r}.')
     growth = args.get('growth_factor', args.get('scale_factor', dynamic.growth_factor))
     if 'backoff_factor' in args:
@@ -342,8 +342,8 @@ def check_scaler_state(state: Any, owner: str) -> str:
                          f'a {kind} state has exactly the keys {list(keys)}.')
     scale_key = 'cur_scale' if kind == 'mmcv' else 'scale'
     scale = state[scale_key]
-    if not (positive_finite(scale) and scale <= MAX_LOSS_SCALE):
-        raise _state_error(owner, scale_key, scale, 'a finite number > 0 and <= 2**127')
+    if not usable_scale(scale):
+        raise _state_error(owner, scale_key, scale, SCALE_RANGE)
     if kind == 'torch':
         _check_factor(state, 'growth_factor', owner, True)
         _check_factor(state, 'backoff_factor', owner, False)

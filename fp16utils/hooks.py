@@ -65,6 +65,7 @@ from ._spec import (
 )
 from .engine import (
     AccumulationWindow,
+    Leftovers,
     LegacyEngine,
     NativeEngine,
     OverflowGuard,
@@ -73,6 +74,7 @@ from .engine import (
     accumulating_result,
     check_tensors,
     flat_params,
+    guarded_backward,
     pending_grads,
     resume_state_from_meta,
     take_step,
@@ -273,6 +275,7 @@ class Fp16OptimizerHook(RunnerHook):
         self._restored_iter: Optional[int] = None
         self._steps_taken = 0
         self._last_result: Optional[StepResult] = None
+        self._leftovers = Leftovers(owner)  # gradients of an iteration that raised
 
     # -- read-only state --------------------------------------------------------------------
 
@@ -354,6 +357,10 @@ class Fp16OptimizerHook(RunnerHook):
                 owner, step, engine.loss_scale)
         engine.resume(resume, step, owner, engine.grad_params(optimizer))
         self._restored_iter = None if resume.pending is None else step
+        if resume.pending is not None:
+            self._leftovers.spent = False  # the saved window's gradients are back
+        if self._guard is not None:
+            self._guard.stop()  # watchers left by a forward that raised
         # Restored: the tensors leave runner.meta until the next update saves them again,
         # since mmcv's TextLoggerHook writes runner.meta to its JSON log in before_run.
         fp16_meta.pop('master_params', None)
@@ -368,10 +375,11 @@ class Fp16OptimizerHook(RunnerHook):
                 legacy.reduce = self._reduce
             wrap_fp16_model(model, self.dtype, backend='legacy')
             return legacy
-        wrap_fp16_model(model, self.dtype, backend='native')
         first = params[:1]
-        return NativeEngine(spec, self.dtype, lambda: first[0].device.type if first else 'cpu',
-                            self.nonfinite, self._clip)
+        native = NativeEngine(spec, self.dtype, lambda: first[0].device.type if first else 'cpu',
+                              self.nonfinite, self._clip, owner=owner)  # checks, then converts
+        wrap_fp16_model(model, self.dtype, backend='native')
+        return native
 
     def _grad_params(self) -> List[Any]:
         """The tensors whose ``.grad`` accumulates over a window."""
@@ -396,13 +404,16 @@ class Fp16OptimizerHook(RunnerHook):
         """Unscale, clip, step (or skip), update the scale, log, save the scaler state."""
         engine = self._require_engine(runner)
         engine.grad_norm = None
-        result = take_step(engine, runner.optimizer, int(runner.iter) + 1, {})
-        if result.stepped:
-            self._steps_taken += 1
-        if self._guard is not None:
-            self._guard.record(result.skipped, engine.at_scale_floor)
-        _fp16_slot(runner).update(engine.checkpoint())
-        self._publish(runner, result)
+
+        def done(result: StepResult) -> None:  # also when a step raises once applied
+            if result.stepped:
+                self._steps_taken += 1
+            if self._guard is not None:
+                self._guard.record(result.skipped, engine.at_scale_floor)
+            _fp16_slot(runner).update(engine.checkpoint())
+            self._publish(runner, result)
+
+        take_step(engine, runner.optimizer, int(runner.iter) + 1, {}, done)
 
     def _publish(self, runner: Any, result: StepResult) -> None:
         """Keep ``result``; put its fields in ``runner.outputs['fp16']`` and log them.
@@ -426,11 +437,7 @@ class Fp16OptimizerHook(RunnerHook):
 
     def _backward(self, runner: Any, engine: StepEngine, loss: torch.Tensor) -> None:
         """Backward ``loss``; under the armed overflow guard, check its watchers after."""
-        guard = self._guard
-        if guard is not None and guard.watching:
-            guard.backward(lambda: engine.backward(loss), engine.logger, int(runner.iter) + 1)
-        else:
-            engine.backward(loss)
+        guarded_backward(engine, self._guard, lambda: engine.backward(loss), int(runner.iter) + 1)
 
     def before_train_iter(self, runner: Any) -> None:
         """Attach the overflow guard's watchers to ``runner.model`` when it is armed."""
@@ -511,14 +518,23 @@ class GradientCumulativeFp16OptimizerHook(Fp16OptimizerHook):
         if not self.initialized:
             self._init(runner)
         it = runner.iter
+        self._leftovers.discard(lambda: self._zero_grad(runner), engine.logger,
+                                it % self.cumulative_iters)
         factor = self._window.divisor(it)
         loss = runner.outputs['loss']
         if factor != 1:
             loss = loss / factor
-        self._backward(runner, engine, loss)
+        try:
+            self._backward(runner, engine, loss)
+            if self._window.completes(it):
+                self._update(runner)
+                self._zero_grad(runner)
+        except BaseException:  # the window's gradients are spent: no checkpoint keeps them
+            self._leftovers.spent = True
+            if runner.meta:
+                _fp16_slot(runner).pop('pending_window', None)
+            raise
         if self._window.completes(it):
-            self._update(runner)
-            self._zero_grad(runner)
             if runner.meta:
                 _fp16_slot(runner).pop('pending_window', None)
         else:

@@ -293,6 +293,9 @@ class LossScaler:
             self.cur_scale = grow_scale(self.cur_scale, self.scale_factor)
         self.cur_iter += 1
 
+    #: :meth:`update_scale` as defined here: completes a step whose update raised.
+    _advance = update_scale
+
     def state_dict(self) -> dict[str, Any]:
         """The scaler state, with exactly mmcv's keys.
 

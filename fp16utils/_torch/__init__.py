@@ -69,6 +69,7 @@ __all__ = [
     'optimizer_handles_unscaling',
     'quiet_grad_scaler_load',
     'quiet_grad_scaler_update',
+    'reset_grad_scaler_step',
 ]
 
 #: The running torch version string, e.g. ``'2.13.0+cpu'``. Tests patch it.
@@ -662,4 +663,5 @@ from .state import (  # noqa: E402
     optimizer_handles_unscaling,
     quiet_grad_scaler_load,
     quiet_grad_scaler_update,
+    reset_grad_scaler_step,
 )

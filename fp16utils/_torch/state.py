@@ -171,6 +171,25 @@ def quiet_grad_scaler_load(scaler: Any, state: Any) -> None:
     (base.load_state_dict if base is not None else type(scaler).load_state_dict)(scaler, state)
 
 
+def reset_grad_scaler_step(scaler: Any) -> None:
+    """Forget what ``scaler`` recorded in this iteration (unscaled optimizers, found-inf flags).
+
+    What ``update()`` does at its end, without changing the scale: after an
+    iteration that raised, the next ``unscale_`` then runs again. Clears the
+    private ``_per_optimizer_states`` (every entry starts READY again); a
+    scaler without it is left as it is.
+
+    Example:
+        >>> p = torch.nn.Parameter(torch.ones(1)); opt = torch.optim.SGD([p], lr=1.0)
+        >>> scaler = make_grad_scaler('cpu')
+        >>> scaler.scale(p.sum()).backward(); scaler.unscale_(opt)
+        >>> reset_grad_scaler_step(scaler); scaler.unscale_(opt)  # no "already called"
+    """
+    states = getattr(scaler, '_per_optimizer_states', None)
+    if states is not None:
+        states.clear()
+
+
 _dispatch_stack_len = getattr(torch._C, '_len_torch_dispatch_stack', None)
 
 

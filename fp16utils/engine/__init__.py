@@ -38,12 +38,14 @@ from .checks import (
     snapshot_optimizer,
 )
 from .guard import GUARD_ACTIONS, OverflowGuard
+from .interrupt import Leftovers, guarded_backward
 from .legacy import LegacyEngine
 from .native import NativeEngine
 from .outcome import StepResult, accumulating_result, take_step
 from .window import AccumulationWindow
 
-__all__ = ['AccumulationWindow', 'GUARD_ACTIONS', 'LegacyEngine', 'NativeEngine',
+__all__ = ['AccumulationWindow', 'GUARD_ACTIONS', 'LegacyEngine', 'Leftovers', 'NativeEngine',
            'OverflowGuard', 'ResumeState', 'StepEngine', 'StepResult', 'accumulating_result',
-           'check_optimizer_state', 'check_tensors', 'flat_params', 'load_optimizer_state',
+           'check_optimizer_state', 'check_tensors', 'flat_params', 'guarded_backward',
+           'load_optimizer_state',
            'pending_grads', 'resume_state_from_meta', 'snapshot_optimizer', 'take_step']

@@ -164,6 +164,16 @@ class StepEngine:
         self.scale_history: List[Tuple[int, float]] = []
         self.logger: Any = logger
         self.agree_across_ranks: Any = None
+        #: None while the step being taken has changed nothing it cannot put back;
+        #: once the optimizer applied the update, how the step completes
+        #: (``'step'``: a clean step the scale counts; ``'plain'``: the scale stays).
+        self.committed: Optional[str] = None
+        #: Whether the step being taken has changed the gradients it was given
+        #: (unscaled or clipped them in place): then they cannot be stepped again.
+        self.touched = False
+        #: This rank's reason to raise at the next step (the overflow guard's error
+        #: when the ranks agree): folded into the agreed flag, raised on every rank.
+        self.veto: Optional[BaseException] = None
 
     # -- what the owner reads ----------------------------------------------------------------
 
@@ -215,17 +225,76 @@ class StepEngine:
              kwargs: Mapping[str, Any]) -> bool:
         """Clip and step; return True when the step was skipped.
 
+        A step that raises (``KeyboardInterrupt`` included) before the optimizer
+        applied the update leaves the engine as it was before it: scale, growth
+        counters, skip count, scale history and the scaler's per-iteration state
+        (a later ``unscale_`` runs again). Once the update is applied, the step is
+        completed instead (the scale counts the clean step, masters reach the
+        model) and the exception goes on; :attr:`committed` tells which.
+
         Args:
             optimizer: The optimizer to step.
             step: The iteration number, for the records and the messages.
             kwargs: Keyword arguments of ``optimizer.step``.
         """
+        token = self.save_point()
+        self.committed, self.touched = None, False
+        try:
+            return self._step(optimizer, step, kwargs)
+        except BaseException:
+            if self.committed is None:
+                self.roll_back(token)
+            else:
+                self._settle(token, step)
+            raise
+        finally:
+            self.veto = None
+
+    def _step(self, optimizer: torch.optim.Optimizer, step: int,
+              kwargs: Mapping[str, Any]) -> bool:
+        """:meth:`step` without the recovery: what the engine does."""
+        if self.veto is not None and ranks.reducer(self.agree_across_ranks) is None:
+            raise self.veto  # nobody to agree with
         if self.nonfinite != 'ignore' and self._unscaled_skip(
                 _dense_grads(flat_params(optimizer)), step):
             return True
+        self.touched = self.clip is not None
         self.clip_grads(optimizer)
         optimizer.step(**kwargs)
+        self.committed = 'plain'
         return False
+
+    def save_point(self) -> Any:
+        """What :meth:`roll_back` needs to put the engine back as it is now (host-side)."""
+        return self.skipped_steps, list(self.scale_history), self.grad_norm
+
+    def roll_back(self, token: Any) -> None:
+        """Put back what :meth:`save_point` saw (after a step that raised)."""
+        self.skipped_steps, self.scale_history, self.grad_norm = token[0], list(token[1]), token[2]
+
+    def _settle(self, token: Any, step: int) -> None:
+        """Complete a step that raised after the optimizer applied the update."""
+        self.skipped_steps, self.scale_history = token[0], list(token[1])
+
+    def _agreement(self) -> Tuple[Optional[ranks.Reducer], List[_Tensor]]:
+        """This step's rank agreement (None: decide alone), with :attr:`veto` folded in."""
+        reduce = ranks.reducer(self.agree_across_ranks)
+        if reduce is None:
+            return None, []
+        return ranks.with_veto(reduce, self.veto is not None)
+
+    def _vetoed(self, step: int, agreed: float) -> None:
+        """Raise on every rank when a rank vetoed this step (``agreed``: the agreed flag)."""
+        if agreed < ranks.VETO:
+            return
+        if self.veto is not None:
+            raise self.veto
+        err = FloatingPointError(
+            f'step {step}: the overflow guard of another rank found non-finite values in its '
+            'guarded forward and backward (that rank\'s error names the module); every rank '
+            'raises at this step, and nothing was updated.')
+        err.report = None  # type: ignore[attr-defined]
+        raise err
 
     def _unscaled_skip(self, grads: List[_Tensor], step: int) -> bool:
         """No loss scaling: apply the non-finite policy; True when the step is skipped.
@@ -234,9 +303,11 @@ class StepEngine:
         """
         if self.nonfinite == 'ignore':
             return False
-        reduce = ranks.reducer(self.agree_across_ranks)  # every rank takes part
+        reduce, seen = self._agreement()  # every rank takes part
         if (not grads and reduce is None) or not non_finite_check_(grads, reduce=reduce):
             return False
+        if seen:
+            self._vetoed(step, seen[-1].item())
         if self.nonfinite == 'raise':
             raise nonfinite_error(step, 'and no loss scaling to back off')
         self.skipped_steps += 1

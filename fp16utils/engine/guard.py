@@ -138,21 +138,29 @@ class OverflowGuard:
         if stack is not None:
             stack.__exit__(*(exc or (None, None, None)))
 
-    def backward(self, backward: Callable[[], None], logger: Any, step: int) -> None:
+    def backward(self, backward: Callable[[], None], logger: Any, step: int,
+                 defer: bool = False) -> Optional[FloatingPointError]:
         """Run the watched ``backward()``, then :meth:`check`; watchers removed on error too."""
         try:
             backward()
         except BaseException:
             self.stop(*sys.exc_info())
             raise
-        self.check(logger, step)
+        return self.check(logger, step, defer)
 
-    def check(self, logger: Any, step: int) -> None:
+    def check(self, logger: Any, step: int, defer: bool = False
+              ) -> Optional[FloatingPointError]:
         """After the watched backward: remove the watchers, then log or raise.
 
         Args:
             logger: Where ``'diagnose'`` writes (anything with ``warning(str)``).
             step: The iteration number, for the message.
+            defer: Return the error instead of raising it: the ranks agree on
+                it at the step (see :mod:`fp16utils.engine.ranks`), so that
+                every rank raises there, not this one alone.
+
+        Returns:
+            The error to raise (with ``defer``), else None.
 
         Raises:
             FloatingPointError: With ``action='raise'``, when the watched pass
@@ -160,13 +168,13 @@ class OverflowGuard:
                 :class:`~fp16utils.OverflowReport`.
         """
         if self._watch is None:
-            return
+            return None
         self.stop()
         self.armed = False
         self.diagnosed = True
         report = self.report
         if report is None or report.ok:
-            return
+            return None
         why = (f'{self.streak} skipped step(s) in a row'
                + (' with the loss scale at its floor' if self._at_floor else ''))
         where = report.first_module
@@ -178,9 +186,12 @@ class OverflowGuard:
                 f'{found}. Nothing was updated. Read the full report in this exception\'s '
                 '`.report` attribute (print(err.report), err.report.to_dict()).')
             err.report = report  # type: ignore[attr-defined]
+            if defer:
+                return err
             raise err
         logger.warning(f'{self.owner}: step {step}: {why}; overflow guard report ({found}):\n'
                        f'{report}')
+        return None
 
     def __repr__(self) -> str:
         return (f'OverflowGuard(max_consecutive={self.max_consecutive}, '

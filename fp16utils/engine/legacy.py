@@ -214,8 +214,8 @@ class LegacyEngine(StepEngine):
         with torch.no_grad():
             _torch.foreach_copy_(self.model_params, self._masters)
 
-    def step(self, optimizer: torch.optim.Optimizer, step: int,
-             kwargs: Mapping[str, Any]) -> bool:
+    def _step(self, optimizer: torch.optim.Optimizer, step: int,
+              kwargs: Mapping[str, Any]) -> bool:
         self.adopt_added_groups(optimizer)
         grads = self.copy_grads_to_masters()
         if self.reduce is not None:
@@ -225,22 +225,51 @@ class LegacyEngine(StepEngine):
         scaler = self.loss_scaler
         old = scaler.cur_scale
         if not self.enabled:
+            if self.veto is not None and ranks.reducer(self.agree_across_ranks) is None:
+                raise self.veto
             if self._unscaled_skip(grads, step):
                 return True
             overflow = False
         else:
-            overflow = non_finite_check_(grads, 1.0 / old,
-                                         reduce=ranks.reducer(self.agree_across_ranks))
+            reduce, seen = self._agreement()
+            overflow = non_finite_check_(grads, 1.0 / old, reduce=reduce)
+            if overflow and seen:
+                self._vetoed(step, seen[-1].item())
+            elif self.veto is not None and reduce is None:
+                raise self.veto
             if overflow and scaler.mode == 'static' and self.nonfinite == 'raise':
                 raise nonfinite_error(step, f'with the static loss scale {old}')
         if not overflow:
             self.clip_grads(optimizer)
             optimizer.step(**kwargs)
+            self.committed = 'step'
             self.copy_masters_to_model()
         if self.enabled:
             scaler.update_scale(overflow)
             self._record(step, overflow, old, scaler.cur_scale)
         return overflow
+
+    def save_point(self) -> Any:
+        return super().save_point(), self.loss_scaler.state_dict()
+
+    def roll_back(self, token: Any) -> None:
+        base, state = token
+        super().roll_back(base)
+        for key, value in state.items():
+            setattr(self.loss_scaler, key, value)
+
+    def _settle(self, token: Any, step: int) -> None:
+        """The masters stepped: the model gets them, and the scale counts the clean step."""
+        base, state = token
+        super()._settle(base, step)
+        scaler = self.loss_scaler
+        for key, value in state.items():
+            setattr(scaler, key, value)
+        self.copy_masters_to_model()
+        if self.enabled:
+            old = scaler.cur_scale
+            scaler._advance(False)
+            self._record(step, False, old, scaler.cur_scale)
 
     def state_dict(self) -> Dict[str, Any]:
         return self.loss_scaler.state_dict() if self.enabled else {}

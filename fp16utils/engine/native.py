@@ -10,11 +10,13 @@ Example:
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Dict, Mapping, Optional
 
 import torch
 
 from .. import _torch
+from .._limits import grad_scaler_bounds_error, to_float32
 from .._spec import (
     MAX_LOSS_SCALE,
     MIN_LOSS_SCALE,
@@ -56,11 +58,17 @@ class NativeEngine(StepEngine):
         agree_across_ranks: None (agree when the world size is > 1), True,
             False or a process group: the found-inf flag is all-reduced (max)
             before it is read, in the same sync (see :mod:`.ranks`).
+        owner: Who builds it, for error messages.
+
+    Raises:
+        ValueError: A ``growth_interval`` that ``GradScaler`` cannot take (above
+            2**63 - 1); nothing is made then.
     """
 
     def __init__(self, spec: ScaleSpec, dtype: torch.dtype,
                  device_type: Callable[[], str], nonfinite: str = 'warn',
-                 clip: Optional[Clip] = None, agree_across_ranks: Any = None) -> None:
+                 clip: Optional[Clip] = None, agree_across_ranks: Any = None,
+                 owner: str = 'NativeEngine') -> None:
         super().__init__(clip, nonfinite)
         self.agree_across_ranks = agree_across_ranks
         self.enabled = spec.enabled and _torch.needs_loss_scaling(dtype)
@@ -77,6 +85,9 @@ class NativeEngine(StepEngine):
         self._backoff_factor = spec.backoff_factor
         self._growth_interval = spec.growth_interval
         if self.enabled:
+            problem = grad_scaler_bounds_error(owner, 0 if spec.static else spec.growth_interval)
+            if problem:
+                raise ValueError(problem)
             self._note_scale(0, self._scale)
 
     @property
@@ -113,6 +124,23 @@ class NativeEngine(StepEngine):
             raise KeyError("GradScaler.load_state_dict() takes GradScaler.state_dict()'s keys, "
                            "got mmcv LossScaler's; load it through the wrapper's (or hook's) "
                            'load_state_dict instead.')
+        NativeEngine._check_bounds(state, False, 'GradScaler.load_state_dict()')
+
+    def _check_scaler_state(self, state: Mapping[str, Any], owner: str) -> None:
+        if check_scaler_state(state, owner) == 'mmcv':
+            state, static = mmcv_to_grad_scaler_state(state)
+        else:
+            static = self.static
+        if self.enabled:
+            self._check_bounds(state, static, owner)
+
+    @staticmethod
+    def _check_bounds(state: Mapping[str, Any], static: bool, owner: str) -> None:
+        """Refuse a checked GradScaler state whose counters GradScaler cannot hold."""
+        problem = grad_scaler_bounds_error(owner, 0 if static else state['growth_interval'],
+                                           state['_growth_tracker'])
+        if problem:
+            raise ValueError(problem)
 
     def _follow_scaler(self) -> None:
         """When somebody else changed the GradScaler, take its state as the truth."""
@@ -131,16 +159,17 @@ class NativeEngine(StepEngine):
             loss = self.scaler.scale(loss)
         loss.backward(**kwargs)
 
-    def step(self, optimizer: torch.optim.Optimizer, step: int,
-             kwargs: Mapping[str, Any]) -> bool:
+    def _step(self, optimizer: torch.optim.Optimizer, step: int,
+              kwargs: Mapping[str, Any]) -> bool:
         scaler = self._scaler
         if not self.enabled or scaler is None or not _torch.grad_scaler_started(scaler):
             # No loss scaling (bfloat16, or disabled), or no scaled backward yet.
-            return super().step(optimizer, step, kwargs)
+            return super()._step(optimizer, step, kwargs)
         if 'closure' in kwargs:
             raise RuntimeError('optimizer.step(closure=...) is not supported with loss '
                                'scaling (a closure would backward an unscaled loss); call '
                                'step() without it.')
+        self.touched = True
         try:
             scaler.unscale_(optimizer)
         except ValueError as err:
@@ -148,26 +177,40 @@ class NativeEngine(StepEngine):
                 f'{err} The native backend keeps float32 parameters and autocasts the '
                 "forward; for a model converted to half, use backend='legacy' (float32 "
                 'master weights).') from None
-        self.clip_grads(optimizer)
+        # torch's clip_grad_norm_(error_if_nonfinite=True) would raise on an overflow
+        # that is only a skipped step: then the flag is read first, and clean
+        # gradients are clipped (a non-finite norm of finite gradients still raises).
+        check_first = self._clip_raises_on_nonfinite()
+        if not check_first:
+            self.clip_grads(optimizer)
         self._follow_scaler()
         found = _torch.grad_scaler_found_inf(scaler, optimizer)
         quiet = _torch.quiet_grad_scaler_update
-        reduce = ranks.reducer(self.agree_across_ranks)
+        reduce, _ = self._agreement()
         if reduce is not None:  # in place: fused kernels and the update see the agreed flag
             found = ranks.agree_found(found, self._device_type(), reduce)
         if not found:  # no parameter has a gradient: nothing to check or skip
+            if check_first:
+                self.clip_grads(optimizer)
             optimizer.step(**kwargs)
+            self.committed = 'plain'
             quiet(scaler, self._scale)
             return False
         # The one device sync of the step (GradScaler.step would do the same).
         if len(found) == 1:
-            skipped = bool(next(iter(found.values())).item())
+            flag = next(iter(found.values())).item()
         else:
-            skipped = any(bool(v.item()) for v in found.values())
+            flag = max(v.item() for v in found.values())
+        self._vetoed(step, flag)
+        skipped = bool(flag)
+        if check_first and not skipped:
+            self.clip_grads(optimizer)
         if _torch.optimizer_handles_unscaling(optimizer):
             scaler.step(optimizer, **kwargs)  # fused optimizers skip inside their kernel
         elif not skipped:
             optimizer.step(**kwargs)  # what GradScaler.step does once the flag is known
+        if not skipped:
+            self.committed = 'plain' if self.static else 'step'
         old = self._scale
         if self.static:
             quiet(scaler, old)
@@ -179,6 +222,46 @@ class NativeEngine(StepEngine):
             self._count_clean_step(scaler)
         self._record(step, skipped, old, self._scale)
         return skipped
+
+    def _clip_raises_on_nonfinite(self) -> bool:
+        clip = self.clip
+        return clip is not None and clip[0] == 'norm' and bool(
+            clip[1].get('error_if_nonfinite', False))
+
+    # -- a step that raised -----------------------------------------------------------------
+
+    def save_point(self) -> Any:
+        self._follow_scaler()  # an outside change made before the step is kept
+        return super().save_point(), self._scale, self._tracker
+
+    def roll_back(self, token: Any) -> None:
+        base, self._scale, self._tracker = token
+        super().roll_back(base)
+        self._reload_scaler()
+
+    def _settle(self, token: Any, step: int) -> None:
+        """The optimizer stepped: count the clean step as the GradScaler's update would."""
+        base, old, tracker = token
+        super()._settle(base, step)
+        self._scale, self._tracker = old, tracker
+        if self.committed == 'step':
+            tracker += 1
+            if tracker == self._growth_interval:
+                tracker = 0
+                # GradScaler's update kernel: float32(scale * factor), kept only when finite.
+                grown = to_float32(to_float32(old) * self._growth_factor)
+                self._scale = min(grown if math.isfinite(grown) else old, MAX_LOSS_SCALE)
+            self._tracker = tracker
+        self._reload_scaler()
+        self._record(step, False, old, self._scale)
+
+    def _reload_scaler(self) -> None:
+        """Give the GradScaler the host mirror and a fresh iteration."""
+        scaler = self._scaler
+        if scaler is None or not self.enabled:
+            return
+        _torch.reset_grad_scaler_step(scaler)
+        _torch.quiet_grad_scaler_load(scaler, self._mirror())
 
     def _back_off(self, scaler: Any, old: float) -> None:
         """After an overflow: GradScaler's backoff, floored, and never above ``old``."""

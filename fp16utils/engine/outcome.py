@@ -12,7 +12,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Optional, Union
+from typing import Any, Callable, Dict, Mapping, Optional, Union
 
 import torch
 
@@ -126,7 +126,8 @@ def _scale(engine: StepEngine) -> Optional[float]:
 
 
 def take_step(engine: StepEngine, optimizer: torch.optim.Optimizer, step: int,
-              kwargs: Mapping[str, Any]) -> StepResult:
+              kwargs: Mapping[str, Any],
+              done: Optional[Callable[[StepResult], None]] = None) -> StepResult:
     """Step ``optimizer`` through ``engine`` and say what happened (no extra device sync).
 
     Args:
@@ -134,6 +135,9 @@ def take_step(engine: StepEngine, optimizer: torch.optim.Optimizer, step: int,
         optimizer: The optimizer to step.
         step: The iteration number, for the engine's records and messages.
         kwargs: Keyword arguments of ``optimizer.step``.
+        done: The owner's bookkeeping, called with the result; also when the
+            step raises after the optimizer applied the update (the exception
+            then goes on), so that the owner's counters match the weights.
 
     Returns:
         The :class:`StepResult` of the step (stepped or skipped).
@@ -145,10 +149,19 @@ def take_step(engine: StepEngine, optimizer: torch.optim.Optimizer, step: int,
     """
     scale = _scale(engine)
     before = engine.grad_norm
-    skipped = engine.step(optimizer, step, kwargs)
+    try:
+        skipped = engine.step(optimizer, step, kwargs)
+    except BaseException:
+        if done is not None and engine.committed is not None:
+            norm = engine.grad_norm
+            done(StepResult(stepped=True, scale=scale, grad_norm=None if norm is before else norm))
+        raise
     norm = engine.grad_norm
-    return StepResult(stepped=not skipped, skipped=skipped, scale=scale,
-                      grad_norm=None if norm is before else norm)
+    result = StepResult(stepped=not skipped, skipped=skipped, scale=scale,
+                        grad_norm=None if norm is before else norm)
+    if done is not None:
+        done(result)
+    return result
 
 
 def accumulating_result(engine: StepEngine) -> StepResult:

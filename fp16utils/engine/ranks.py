@@ -14,6 +14,10 @@ The setting (``agree_across_ranks`` of the wrappers, hooks and engines) is:
 - ``False``: every rank decides alone (ranks that do not train one model);
 - a process group: agree within that group (when it has more than one rank).
 
+Errors decided from one rank's gradients travel in the same flag: a rank whose
+overflow guard must raise adds :data:`VETO` to it (:func:`with_veto`), so every
+rank raises at the same step instead of one rank leaving the collective.
+
 Deadlock rule: while ranks agree, every rank of the group must call the step
 the same number of times (the flag is a collective), as with DDP itself.
 
@@ -28,15 +32,20 @@ Example:
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
-__all__ = ['Reducer', 'agree_flag', 'agree_found', 'check_setting', 'reducer']
+__all__ = ['Reducer', 'VETO', 'agree_flag', 'agree_found', 'check_setting', 'reducer',
+           'with_veto']
 
 _Tensor = torch.Tensor
 #: Turns a local skip flag (a float tensor, > 0: skip) into the agreed one.
 Reducer = Callable[[_Tensor], _Tensor]
+#: Added to a rank's skip flag when that rank must raise at this step (the overflow
+#: guard's ``action='raise'``): the agreed flag, at least this, makes every rank raise.
+#: Larger than any sum of per-device found-inf flags.
+VETO = 2.0**20
 
 
 def _is_group(value: Any) -> bool:
@@ -102,6 +111,28 @@ def agree_flag(flag: _Tensor, group: Any = None) -> _Tensor:
     flag = flag.detach().to(torch.float32, copy=True)
     torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=group)
     return flag
+
+
+def with_veto(reduce: Reducer, veto: bool) -> Tuple[Reducer, List[_Tensor]]:
+    """``reduce`` with this rank's veto folded into the flag; also the list of agreed flags.
+
+    The same one all-reduce: a rank that must raise adds :data:`VETO` to its
+    flag, and every rank reads from the agreed flag whether one did (only when
+    the flag is set, so a clean step costs no extra read).
+
+    Example:
+        >>> reduce, seen = with_veto(lambda f: f, veto=True)
+        >>> reduce(torch.zeros(1)).item() >= VETO, len(seen)
+        (True, 1)
+    """
+    seen: List[_Tensor] = []
+
+    def agree(flag: _Tensor) -> _Tensor:
+        agreed = reduce(flag + VETO if veto else flag)
+        seen.append(agreed)
+        return agreed
+
+    return agree, seen
 
 
 def agree_found(found: Dict[Any, _Tensor], device_type: str, reduce: Reducer

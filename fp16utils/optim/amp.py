@@ -329,7 +329,7 @@ class AmpOptimWrapper(OptimWrapper):
             self._fp32_done.add(model)
         else:
             self._engine = NativeEngine(spec, self.dtype, self._param_device_type, nonfinite,
-                                        clip)
+                                        clip, owner=owner)
         self._engine.agree_across_ranks = agree
         #: See :mod:`fp16utils.engine.ranks` (None: agree when the world size is > 1).
         self.agree_across_ranks = agree

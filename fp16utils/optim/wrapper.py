@@ -24,12 +24,14 @@ from torch import nn
 from .._spec import check_cache_enabled, parse_clip_grad
 from ..engine import (
     AccumulationWindow,
+    Leftovers,
     OverflowGuard,
     ResumeState,
     StepEngine,
     StepResult,
     accumulating_result,
     check_optimizer_state,
+    guarded_backward,
     load_optimizer_state,
     pending_grads,
     snapshot_optimizer,
@@ -138,6 +140,7 @@ class OptimWrapper:
         self._restored_count: Optional[int] = None
         self._steps_taken = 0
         self._last_result: Optional[StepResult] = None
+        self._leftovers = Leftovers(owner)  # gradients of an iteration that raised
         #: The overflow guard (:class:`AmpOptimWrapper`'s ``overflow_guard=``), or None.
         self._guard: Optional[OverflowGuard] = None
         #: With several param groups, a group that holds the optimizer's defaults
@@ -275,24 +278,36 @@ class OptimWrapper:
         Returns:
             What the iteration did: stepped, skipped, or accumulating (see
             :class:`~fp16utils.StepResult`); also in :attr:`last_result`.
+
+        An iteration that raises (``KeyboardInterrupt`` too) leaves the wrapper as before
+        it, or completes an applied step; see :mod:`fp16utils.engine.interrupt`.
         """
-        self.backward(self.scale_loss(loss))
-        if self.should_update():
-            result = self.step(**(step_kwargs or {}))
-            self.zero_grad(**(zero_kwargs or {}))
-            return result
+        count, previous = self._inner_count, self._last_result
+        try:
+            self.backward(self.scale_loss(loss))
+            if self.should_update():
+                result = self.step(**(step_kwargs or {}))
+                self.zero_grad(**(zero_kwargs or {}))
+                return result
+        except BaseException:  # its gradients are in place (partly): never applied
+            if self._last_result is previous:  # nothing applied: the iteration did not happen
+                self._inner_count = count
+            self._leftovers.spent = True
+            raise
         result = self._last_result = accumulating_result(self._engine)
         return result
 
     def backward(self, loss: _Tensor, **kwargs: Any) -> None:
         """Backward ``loss`` (scaled, where the wrapper scales) and count the iteration."""
-        guard = self._guard
-        if guard is not None and guard.watching:
-            engine = self._engine
-            guard.backward(lambda: engine.backward(loss, **kwargs), engine.logger,
-                           self._inner_count + 1)
-        else:
-            self._engine.backward(loss, **kwargs)
+        engine = self._engine
+        self._leftovers.discard(lambda: engine.zero_grad(self.optimizer), engine.logger,
+                                self._inner_count % self._window.counts)
+        try:
+            guarded_backward(engine, self._guard, lambda: engine.backward(loss, **kwargs),
+                             self._inner_count + 1)
+        except BaseException:
+            self._leftovers.spent = True
+            raise
         self._inner_count += 1
 
     def step(self, **kwargs: Any) -> StepResult:
@@ -302,19 +317,26 @@ class OptimWrapper:
             The :class:`~fp16utils.StepResult` (stepped or skipped); also in
             :attr:`last_result`.
         """
-        engine = self._engine
-        result = self._last_result = take_step(engine, self.optimizer, self._inner_count,
-                                               kwargs)
-        if result.stepped:
-            self._steps_taken += 1
-        guard = self._guard
-        if guard is not None:
-            guard.record(result.skipped, engine.at_scale_floor)
-        return result
+        self._leftovers.refuse_step()
+        engine, guard = self._engine, self._guard
+
+        def done(result: StepResult) -> None:
+            self._last_result = result
+            if result.stepped:
+                self._steps_taken += 1
+            if guard is not None:
+                guard.record(result.skipped, engine.at_scale_floor)
+
+        try:
+            return take_step(engine, self.optimizer, self._inner_count, kwargs, done)
+        except BaseException:  # gradients applied or changed in place: never step them again
+            self._leftovers.spent = engine.committed is not None or engine.touched
+            raise
 
     def zero_grad(self, **kwargs: Any) -> None:
         """Zero the optimizer's gradients (``set_to_none`` and friends pass through)."""
         self._engine.zero_grad(self.optimizer, **kwargs)
+        self._leftovers.spent = False
 
     def optim_context(self, model: nn.Module, cache_enabled: Optional[bool] = None
                       ) -> contextlib.AbstractContextManager:
@@ -418,7 +440,7 @@ class OptimWrapper:
         if self.base_param_settings is not None:
             state['base_param_settings'] = self.base_param_settings
         state.update(self._engine_state())
-        if self._inner_count % self._window.counts:
+        if self._inner_count % self._window.counts and not self._leftovers.spent:
             state['pending_window'] = {
                 'inner_count': self._inner_count,
                 'grads': pending_grads(self._engine.grad_params(self.optimizer), copy=True)}

@@ -172,6 +172,69 @@ def run_hook(rank: int, backend: str, cumulative: int = 1, ddp: bool = True,
     return _result(hook, model, optimizer, skipped, scales, log)
 
 
+# --------------------------------------------------------------------------- one-rank raises
+
+def _ddp_faulty_at(model: nn.Module, rank: int, where: Dict[str, int],
+                   faults: Tuple[int, ...]) -> nn.Module:
+    """DDP whose reduced gradients get an inf on the faulty rank at each iteration of ``faults``."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    ddp = nn.parallel.DistributedDataParallel(model)
+
+    def poisoning_allreduce(state, bucket):  # no annotations: DDP checks them
+        def after(fut):
+            value = fut.value()
+            tensor = value[0] if isinstance(value, list) else value
+            if rank == FAULTY_RANK and where['iter'] in faults:
+                _poison_(tensor)
+            return tensor
+
+        return default_hooks.allreduce_hook(None, bucket).then(after)
+
+    ddp.register_comm_hook(None, poisoning_allreduce)
+    return ddp
+
+
+def run_raises(rank: int, kind: str) -> Dict[str, Any]:
+    """Errors decided from one rank's gradients: every rank must raise at the same step.
+
+    ``guard``: the overflow guard (``action='raise'``) arms after the agreed skip at
+    FAULT; the guarded pass at FAULT + 1 sees a non-finite gradient on rank 1 only.
+    ``static-raise``: ``nonfinite='raise'`` with a static scale. ``clip-error``:
+    ``clip_grad(error_if_nonfinite=True)``, whose overflow is a skip on both ranks.
+    Training goes on after each error; the ranks must end bit-identical.
+    """
+    from fp16utils import AmpOptimWrapper
+    model = R.Net(seed=0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    kwargs: Dict[str, Any] = dict(loss_scale=dict(W.WRAPPER_SCALE), dtype=F16)
+    faults: Tuple[int, ...] = (FAULT,)
+    if kind == 'guard':
+        kwargs['overflow_guard'] = dict(max_consecutive=1, action='raise')
+        faults = (FAULT, FAULT + 1)
+    elif kind == 'static-raise':
+        kwargs.update(loss_scale=1024.0, nonfinite='raise')
+    else:
+        kwargs['clip_grad'] = dict(max_norm=1.0, error_if_nonfinite=True)
+    wrapper = AmpOptimWrapper(optimizer, **kwargs)
+    where = {'iter': -1}
+    ddp = _ddp_faulty_at(model, rank, where, faults)
+    raised: List[Any] = []
+    skipped: List[int] = []
+    for i, (x, y) in enumerate(W.overflow_data(rank)):
+        where['iter'] = i
+        try:
+            with wrapper.optim_context(ddp):
+                out = ddp(x)
+            wrapper.update_params((out.float() - y).pow(2).mean())
+        except FloatingPointError as err:
+            report = getattr(err, 'report', None)
+            raised.append((i, type(err).__name__, 'another rank' in str(err),
+                           report is not None and not report.ok))
+        skipped.append(wrapper.skipped_steps)
+    return {'raised': raised, 'skipped': skipped, 'taken': wrapper.steps_taken,
+            'final': R.snapshot(model, optimizer)}
+
+
 # --------------------------------------------------------------------------- FSDP2
 
 def _fully_shard() -> Optional[Callable[..., Any]]:
@@ -294,7 +357,12 @@ FSDP_SCENARIOS: Dict[str, Callable[[int], Dict[str, Any]]] = {
     'fsdp2-plain': lambda r: run_fsdp2(r, policy=False),
     'fsdp2-policy': lambda r: run_fsdp2(r, policy=True),
 }
+RAISES_SCENARIOS: Dict[str, Callable[[int], Dict[str, Any]]] = {
+    f'raise-{kind}': (lambda k: lambda r: _f16('native', lambda: run_raises(r, k)))(kind)
+    for kind in ('guard', 'static-raise', 'clip-error')
+}
 W.DIST_GROUPS['ranks'] = RANKS_SCENARIOS
+W.DIST_GROUPS['raises'] = RAISES_SCENARIOS
 W.DIST_GROUPS['fsdp2'] = FSDP_SCENARIOS
 
 if __name__ == '__main__':

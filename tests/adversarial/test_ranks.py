@@ -40,6 +40,12 @@ def fsdp(tmp_path_factory):
                           script=K.__file__)
 
 
+@pytest.fixture(scope='module')
+def raises(tmp_path_factory):
+    return launch_workers(tmp_path_factory.mktemp('raises'), 'raises', timeout=90,
+                          script=K.__file__)
+
+
 def both(results, name):
     pair = [r[name] for r in results]
     if 'skip' in pair[0]:
@@ -102,6 +108,32 @@ def test_fsdp2_shards_agree_and_resume_identically(fsdp, name):
     assert r0['resumed_scale'] == r1['resumed_scale'] == 512.0
     R.assert_identical(r0['resumed'], r0['final'])
     R.assert_identical(r1['resumed'], r1['final'])
+
+
+def test_the_guard_raise_is_agreed_every_rank_raises_at_the_same_step(raises):
+    """Rank 1's guarded pass finds the inf; rank 0's is clean: both raise, and go on."""
+    r0, r1 = both(raises, 'raise-guard')
+    assert [e[:2] for e in r0['raised']] == [e[:2] for e in r1['raised']] == [
+        (F + 1, 'FloatingPointError')]
+    assert r0['raised'][0][2:] == (True, False)  # told that another rank found it
+    assert r1['raised'][0][2:] == (False, True)  # its own report names the gradients
+    assert r0['skipped'] == r1['skipped'] == [0] * F + [1] * (N - F)
+    assert r0['taken'] == r1['taken'] == N - 2  # the skip and the raised step: not applied
+    R.assert_identical(r0['final'], r1['final'])
+
+
+def test_nonfinite_raise_is_decided_from_the_agreed_flag(raises):
+    r0, r1 = both(raises, 'raise-static-raise')
+    assert r0['raised'] == r1['raised'] and [e[:2] for e in r0['raised']] == [
+        (F, 'FloatingPointError')]
+    R.assert_identical(r0['final'], r1['final'])
+
+
+def test_error_if_nonfinite_clipping_skips_an_overflow_on_every_rank(raises):
+    r0, r1 = both(raises, 'raise-clip-error')
+    assert r0['raised'] == r1['raised'] == []
+    assert r0['skipped'] == r1['skipped'] == [0] * F + [1] * (N - F)
+    R.assert_identical(r0['final'], r1['final'])
 
 
 # --------------------------------------------------------------------------- one process
