@@ -179,10 +179,10 @@ def test_difference_numbers_are_kept_as_floats():
                                     dict(init_scale=-4.0), dict(init_scale=math.inf)],
                          ids=lambda kwargs: str(kwargs))
 def test_difference_arguments_mmcv_takes_but_cannot_use_are_refused(kwargs):
-    theirs = fp16_utils().LossScaler(**kwargs)
-    assert theirs.state_dict()[next(iter({'init_scale': 'cur_scale'}.get(k, k)
-                                         for k in kwargs))] == next(iter(kwargs.values()))
-    with pytest.raises(ValueError, match=next(iter(kwargs))):
+    (key, value), = kwargs.items()
+    state = fp16_utils().LossScaler(**kwargs).state_dict()
+    assert state['cur_scale' if key == 'init_scale' else key] == value  # taken as given
+    with pytest.raises(ValueError, match=key):
         fp16utils.LossScaler(**kwargs)
     shapes('LossScaler', [f'difference: {kwargs}'])
 
