@@ -136,3 +136,17 @@ def call(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Tuple[str, Any]
             return 'ok', func(*args, **kwargs)
         except Exception as err:  # noqa: BLE001 - the exception is the result compared
             return 'raises', err
+
+
+def compares(function: str, labels: Sequence[Any]) -> Callable[[Any], Any]:
+    """A test decorator that registers ``labels`` with :func:`shapes` when it is applied.
+
+    Example:
+        >>> @compares('example', ['c'])
+        ... def test_it():
+        ...     pass
+        >>> sorted(SHAPES.pop('example'))
+        ['c']
+    """
+    shapes(function, labels)
+    return lambda test: test

@@ -19,7 +19,7 @@ _consumers.require()
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from _mmcv_ref import call, fp16_utils, shapes  # noqa: E402
+from _mmcv_ref import call, compares, fp16_utils, shapes  # noqa: E402
 from _same import difference  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
@@ -204,13 +204,13 @@ def test_random_nestings_cast_as_in_mmcv(inputs, pair):
 # -- the differences README.md lists -----------------------------------------------------
 
 
+@compares('cast_tensor_type', ['difference: nothing to cast'])
 def test_difference_nothing_to_cast_gives_the_same_object_where_mmcv_builds_a_copy():
     inp = {'ids': torch.arange(2), 'names': ['a'], 'n': 3}
     mine, reference = ours(inp, F32, F16)[1], theirs(inp, F32, F16)[1]
     assert mine is inp
     assert reference is not inp and reference['names'] is not inp['names']
     assert difference(mine, reference) is None
-    shapes('cast_tensor_type', ['difference: nothing to cast'])
 
 
 Pair = collections.namedtuple('Pair', 'a b')
@@ -229,6 +229,11 @@ def _checked_namedtuple_results():
     assert ours(One(torch.ones(1)), F32, F16)[1].a.dtype == F16
 
 
+@compares('cast_tensor_type', ['difference: namedtuple', 'difference: one-field namedtuple',
+                               'difference: defaultdict', 'difference: range',
+                               'difference: iterator', 'difference: generator',
+                               'difference: memoryview', 'difference: dict view',
+                               'difference: namedtuple, no dtype'])
 def test_difference_containers_mmcv_cannot_rebuild():
     _checked_namedtuple_results()
     factory = collections.defaultdict(list, x=torch.ones(1))
@@ -245,19 +250,14 @@ def test_difference_containers_mmcv_cannot_rebuild():
     for src in (None, F32):  # mmcv recurses whatever the dtypes are
         assert isinstance(theirs(Pair(1, 2), src, None)[1], TypeError)
         assert ours(Pair(1, 2), src, None)[1] == Pair(1, 2)
-    shapes('cast_tensor_type', ['difference: namedtuple', 'difference: one-field namedtuple',
-                                'difference: defaultdict', 'difference: range',
-                                'difference: iterator', 'difference: generator',
-                                'difference: memoryview', 'difference: dict view',
-                                'difference: namedtuple, no dtype'])
 
 
+@compares('cast_tensor_type', ['difference: deque with maxlen'])
 def test_difference_deque_keeps_its_maxlen():
     inp = collections.deque([torch.ones(1)], maxlen=2)
     assert theirs(inp, F32, F16)[1].maxlen is None
     mine = ours(inp, F32, F16)[1]
     assert mine.maxlen == 2 and mine[0].dtype == F16
-    shapes('cast_tensor_type', ['difference: deque with maxlen'])
 
 
 class TwoArgs(list):
@@ -277,6 +277,7 @@ class Bag:
         return iter(self.items)
 
 
+@compares('cast_tensor_type', ['difference: container refusing its items'])
 def test_difference_a_container_that_cannot_be_rebuilt_comes_back_uncast_with_a_warning():
     from fp16utils import cast
 
@@ -286,18 +287,19 @@ def test_difference_a_container_that_cannot_be_rebuilt_comes_back_uncast_with_a_
     with pytest.warns(UserWarning, match='TwoArgs cannot be rebuilt from its items'):
         assert fp16utils.cast_tensor_type(inp, F32, F16) is inp
     assert inp[0].dtype == F32
-    shapes('cast_tensor_type', ['difference: container refusing its items'])
 
 
+@compares('cast_tensor_type', ['difference: custom iterable'])
 def test_difference_an_iterable_that_is_no_sequence_set_or_mapping_is_returned_as_is():
     inp = Bag([torch.ones(1)])
     rebuilt = theirs(inp, F32, F16)[1]
     assert type(rebuilt) is Bag and rebuilt is not inp and rebuilt.items[0].dtype == F16
     mine = ours(inp, F32, F16)[1]
     assert mine is inp and inp.items[0].dtype == F32
-    shapes('cast_tensor_type', ['difference: custom iterable'])
 
 
+@compares('cast_tensor_type', ['difference: cycle', 'difference: cycle, nothing to cast',
+                               'difference: deeper than MAX_DEPTH'])
 def test_difference_cycles_and_depth():
     loop = [torch.ones(1)]
     loop.append(loop)
@@ -316,10 +318,9 @@ def test_difference_cycles_and_depth():
     assert out.dtype == F16
     status, err = ours(deep, F32, F16)
     assert status == 'raises' and isinstance(err, ValueError) and 'nested more than' in str(err)
-    shapes('cast_tensor_type', ['difference: cycle', 'difference: cycle, nothing to cast',
-                                'difference: deeper than MAX_DEPTH'])
 
 
+@compares('cast_tensor_type', ['difference: dtype name as dst'])
 def test_difference_refused_destination_is_always_a_type_error():
     with warnings.catch_warnings():
         warnings.simplefilter('ignore')
@@ -327,4 +328,3 @@ def test_difference_refused_destination_is_always_a_type_error():
     assert type(err) is RuntimeError and 'Invalid device string' in str(err)
     err = ours([torch.ones(1)], F32, 'float16')[1]
     assert type(err) is TypeError and "not the string 'float16'" in str(err)
-    shapes('cast_tensor_type', ['difference: dtype name as dst'])

@@ -20,7 +20,7 @@ import pytest
 _consumers.require()
 
 import torch  # noqa: E402
-from _mmcv_ref import call, fp16_utils, shapes  # noqa: E402
+from _mmcv_ref import call, compares, fp16_utils, shapes  # noqa: E402
 from _same import difference  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
@@ -181,6 +181,7 @@ def _dtypes(obj):
     return obj
 
 
+@compares('auto_fp16', ['difference: autocast on the cpu'])
 def test_difference_the_body_runs_under_autocast_on_the_cpu():
     def forward(self, x):
         return x, self.weight @ self.weight
@@ -205,9 +206,10 @@ def test_difference_the_body_runs_under_autocast_on_the_cpu():
     status, err = call(make_linear(fp16_utils()), torch.ones(1, 2))
     assert status == 'raises' and 'dtype' in str(err)  # a half input to a float32 layer
     assert call(make_linear(fp16utils), torch.ones(1, 2))[1].dtype == F16
-    shapes('auto_fp16', ['difference: autocast on the cpu'])
 
 
+@compares('force_fp32', ['difference: *args, apply_to=None'])
+@compares('auto_fp16', ['difference: *args, apply_to=None', 'difference: *args named'])
 def test_difference_arguments_of_star_args_are_kept_and_cast():
     def forward(self, x, *rest):
         return x, rest
@@ -222,10 +224,10 @@ def test_difference_arguments_of_star_args_are_kept_and_cast():
     half = tuple(a.half() for a in args)
     assert _dtypes(call(_on(fp16_utils(), 'force_fp32', forward), *half)[1]) == (F32, ())
     assert _dtypes(call(_on(fp16utils, 'force_fp32', forward), *half)[1]) == (F32, (F32, F32))
-    shapes('auto_fp16', ['difference: *args, apply_to=None', 'difference: *args named'])
-    shapes('force_fp32', ['difference: *args, apply_to=None'])
 
 
+@compares('force_fp32', ['difference: keyword-only, apply_to=None'])
+@compares('auto_fp16', ['difference: keyword-only, apply_to=None', 'difference: **kwargs named'])
 def test_difference_keyword_only_and_extra_keyword_arguments_are_cast_when_apply_to_is_none():
     def forward(self, x, *, k, **extra):
         return x, k, extra
@@ -245,8 +247,12 @@ def test_difference_keyword_only_and_extra_keyword_arguments_are_cast_when_apply
                         **half)[1]) == (F32, F16, {'e': F16})
     assert _dtypes(call(_on(fp16utils, 'force_fp32', forward), torch.ones(1).half(),
                         **half)[1]) == (F32, F32, {'e': F32})
-    shapes('auto_fp16', ['difference: keyword-only, apply_to=None', 'difference: **kwargs named'])
-    shapes('force_fp32', ['difference: keyword-only, apply_to=None'])
+
+
+for _name in ('auto_fp16', 'force_fp32'):
+    shapes(_name, ['difference: apply_to name missing', 'difference: apply_to one string',
+                   'difference: out flag not a bool', 'difference: generator',
+                   'difference: no parentheses'])
 
 
 @pytest.mark.parametrize('name', ['auto_fp16', 'force_fp32'])
@@ -268,7 +274,6 @@ def test_difference_apply_to_is_checked_when_the_decorator_is_applied(name):
         _on(fp16utils, name, forward, apply_to='xy')
     assert _dtypes(call(_on(fp16utils, name, forward, apply_to='x'), source, source)[1]
                    ) == (cast, source.dtype)
-    shapes(name, ['difference: apply_to name missing', 'difference: apply_to one string'])
 
 
 @pytest.mark.parametrize('name', ['auto_fp16', 'force_fp32'])
@@ -300,10 +305,9 @@ def test_difference_decorator_arguments_and_targets_are_checked_when_applied(nam
     assert status == 'raises' and 'takes 1 positional argument' in str(err)
     with pytest.raises(TypeError, match='without parentheses'):
         getattr(fp16utils, name)(forward)
-    shapes(name, ['difference: out flag not a bool', 'difference: generator',
-                  'difference: no parentheses'])
 
 
+@compares('force_fp32', ['difference: bfloat16 argument'])
 def test_difference_force_fp32_casts_bfloat16_too():
     def forward(self, x):
         return x
@@ -311,4 +315,3 @@ def test_difference_force_fp32_casts_bfloat16_too():
     x = torch.ones(1, dtype=BF16)
     assert call(_on(fp16_utils(), 'force_fp32', forward), x)[1].dtype == BF16
     assert call(_on(fp16utils, 'force_fp32', forward), x)[1].dtype == F32
-    shapes('force_fp32', ['difference: bfloat16 argument'])

@@ -15,7 +15,9 @@ and what either wrote resumes in the other.
 
 from __future__ import annotations
 
+import itertools
 import math
+import random
 
 import _consumers
 import pytest
@@ -23,7 +25,15 @@ import pytest
 _consumers.require()
 
 import torch  # noqa: E402
-from _mmcv_ref import call, fp16_utils, mmcv_legacy_hook, mmcv_native_hook, optimizer_hooks, shapes  # noqa: E402
+from _mmcv_ref import (  # noqa: E402
+    call,
+    compares,
+    fp16_utils,
+    mmcv_legacy_hook,
+    mmcv_native_hook,
+    optimizer_hooks,
+    shapes,
+)
 from _runner import MiniRunner  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
@@ -61,6 +71,23 @@ def run_alike(theirs, ours, steps):
         ours.update_scale(overflow)
         assert ours.loss_scale == theirs.loss_scale, f'step {i}'
         assert ours.state_dict() == theirs.state_dict(), f'step {i}'
+
+
+def test_every_configuration_follows_mmcv_over_a_fixed_sequence():
+    """Each (init_scale, mode, scale_factor, scale_window): 40 steps, a state round trip."""
+    for i, args in enumerate(itertools.product(INIT, MODES, FACTOR, WINDOW)):
+        rng = random.Random(i)
+        steps = [rng.random() < 0.3 for _ in range(40)]
+        theirs, ours = pair(*args)
+        try:
+            run_alike(theirs, ours, steps[:20])
+            resumed, reloaded = pair(*args)[1], pair(*args)[0]
+            resumed.load_state_dict(theirs.state_dict())
+            reloaded.load_state_dict(ours.state_dict())
+            run_alike(theirs, resumed, steps[20:])
+            run_alike(reloaded, ours, steps[20:])
+        except AssertionError as err:
+            raise AssertionError(f'{args}: {err}') from None
 
 
 @PROPERTY
@@ -112,6 +139,15 @@ def params_with(grads):
     return params
 
 
+def test_has_overflow_answers_alike_for_each_kind_of_gradient():
+    theirs, ours = pair(2.0**16, 'dynamic', 2.0, 1000)
+    for name, grad in GRADS.items():
+        params = params_with([grad])
+        assert ours.has_overflow(params) == theirs.has_overflow(params), name
+    params = params_with(list(GRADS.values()))
+    assert ours.has_overflow(params) is theirs.has_overflow(params) is True
+
+
 @PROPERTY
 @given(st.lists(st.sampled_from(sorted(GRADS)), max_size=5))
 def test_has_overflow_answers_alike_in_dynamic_mode(names):
@@ -124,6 +160,7 @@ def test_has_overflow_answers_alike_in_dynamic_mode(names):
 # -- the differences README.md lists (LossScaler) -------------------------------------------
 
 
+@compares('LossScaler.has_overflow', ['difference: static mode'])
 def test_difference_static_mode_reports_an_overflow():
     params = params_with([GRADS['inf float32']])
     theirs, ours = pair(512.0, 'static', 2.0, 1000)
@@ -131,9 +168,9 @@ def test_difference_static_mode_reports_an_overflow():
     assert ours.has_overflow(params) is True
     ours.update_scale(True)
     assert ours.loss_scale == theirs.loss_scale == 512.0  # the scale itself stays, as in mmcv
-    shapes('LossScaler.has_overflow', ['difference: static mode'])
 
 
+@compares('LossScaler.has_overflow', ['difference: float32 sum overflows'])
 def test_difference_finite_gradients_whose_float32_sum_overflows_are_no_overflow():
     params = params_with([torch.tensor([3e38, 3e38]), torch.tensor([1e300], dtype=torch.float64)])
     theirs, ours = pair(512.0, 'dynamic', 2.0, 1000)
@@ -141,9 +178,9 @@ def test_difference_finite_gradients_whose_float32_sum_overflows_are_no_overflow
     assert theirs.has_overflow(params[1:]) is True
     assert ours.has_overflow(params[:1]) is False  # fp16utils looks at each element
     assert ours.has_overflow(params[1:]) is False
-    shapes('LossScaler.has_overflow', ['difference: float32 sum overflows'])
 
 
+@compares('LossScaler.update_scale', ['difference: growth past 2**127'])
 def test_difference_the_scale_stops_at_2_to_the_127():
     theirs, ours = pair(2.0**126, 'dynamic', 2.0, 1)
     for _ in range(3):
@@ -154,48 +191,51 @@ def test_difference_the_scale_stops_at_2_to_the_127():
     with pytest.raises(ValueError, match='init_scale'):
         fp16utils.LossScaler(init_scale=2.0**128)
     assert fp16_utils().LossScaler(init_scale=2.0**128).loss_scale == 2.0**128
-    shapes('LossScaler.update_scale', ['difference: growth past 2**127'])
 
 
+@compares('LossScaler.update_scale', ['difference: overflow below a scale of 1'])
 def test_difference_an_overflow_never_raises_a_scale_below_one():
     theirs, ours = pair(0.25, 'dynamic', 2.0, 1000)
     theirs.update_scale(True)
     ours.update_scale(True)
     assert theirs.loss_scale == 1  # max(0.25 / 2, 1)
     assert ours.loss_scale == 0.25
-    shapes('LossScaler.update_scale', ['difference: overflow below a scale of 1'])
 
 
+@compares('LossScaler', ['difference: int init_scale and scale_factor'])
 def test_difference_numbers_are_kept_as_floats():
     theirs, ours = pair(512, 'dynamic', 2, 1000)
     assert type(theirs.loss_scale) is int and type(theirs.scale_factor) is int
     assert type(ours.loss_scale) is float and type(ours.scale_factor) is float
     assert ours.state_dict() == theirs.state_dict()  # equal values
-    shapes('LossScaler', ['difference: int init_scale and scale_factor'])
 
 
-@pytest.mark.parametrize('kwargs', [dict(scale_factor=1.0), dict(scale_factor=0.5),
-                                    dict(scale_window=0), dict(init_scale=0),
-                                    dict(init_scale=-4.0), dict(init_scale=math.inf)],
-                         ids=lambda kwargs: str(kwargs))
+REFUSED_ARGS = [dict(scale_factor=1.0), dict(scale_factor=0.5), dict(scale_window=0),
+                dict(init_scale=0), dict(init_scale=-4.0), dict(init_scale=math.inf)]
+shapes('LossScaler', [f'difference: {kwargs}' for kwargs in REFUSED_ARGS])
+
+
+@pytest.mark.parametrize('kwargs', REFUSED_ARGS, ids=str)
 def test_difference_arguments_mmcv_takes_but_cannot_use_are_refused(kwargs):
     (key, value), = kwargs.items()
     state = fp16_utils().LossScaler(**kwargs).state_dict()
     assert state['cur_scale' if key == 'init_scale' else key] == value  # taken as given
     with pytest.raises(ValueError, match=key):
         fp16utils.LossScaler(**kwargs)
-    shapes('LossScaler', [f'difference: {kwargs}'])
 
 
+@compares('LossScaler', ["difference: mode='auto'"])
 def test_difference_unknown_mode_is_a_value_error():
     assert isinstance(call(fp16_utils().LossScaler, mode='auto')[1], AssertionError)
     assert isinstance(call(fp16utils.LossScaler, mode='auto')[1], ValueError)
-    shapes('LossScaler', ["difference: mode='auto'"])
 
 
-@pytest.mark.parametrize('change', [dict(extra=1), dict(cur_scale=math.nan),
-                                    dict(scale_window=0), dict(last_overflow_iter=9)],
-                         ids=lambda change: str(change))
+REFUSED_STATES = [dict(extra=1), dict(cur_scale=math.nan), dict(scale_window=0),
+                  dict(last_overflow_iter=9)]
+shapes('LossScaler.load_state_dict', [f'difference: {change}' for change in REFUSED_STATES])
+
+
+@pytest.mark.parametrize('change', REFUSED_STATES, ids=str)
 def test_difference_load_state_dict_refuses_a_state_it_cannot_use(change):
     state = dict(fp16_utils().LossScaler().state_dict(), **change)
     theirs, ours = pair(512.0, 'dynamic', 2.0, 1000)
@@ -204,7 +244,6 @@ def test_difference_load_state_dict_refuses_a_state_it_cannot_use(change):
     with pytest.raises(ValueError, match=next(iter(change))):
         ours.load_state_dict(state)
     assert ours.state_dict() == before
-    shapes('LossScaler.load_state_dict', [f'difference: {change}'])
 
 
 # -- the hooks' checkpoint state ------------------------------------------------------------
@@ -292,15 +331,17 @@ def test_hooks_write_the_same_state_and_weights_and_resume_each_other(backend, l
 # -- the differences README.md lists (hooks) ------------------------------------------------
 
 
+@compares('Fp16OptimizerHook', ['difference: meta keys'])
 def test_difference_the_checkpoint_holds_statistics_and_masters_besides_the_scaler():
     assert set(train(mmcv_native_hook(loss_scale=512.0, distributed=False), 1).meta['fp16']
                ) == {'loss_scaler'}
     assert set(train(ours('native', 512.0), 1).meta['fp16']) == {'loss_scaler', 'stats'}
     assert set(train(ours('legacy', 'dynamic'), 1).meta['fp16']) == {
         'loss_scaler', 'stats', 'master_params'}
-    shapes('Fp16OptimizerHook', ['difference: meta keys'])
 
 
+@compares('Fp16OptimizerHook', ['difference: legacy state in the GradScaler hook',
+                                'difference: native state in the LossScaler hook'])
 def test_difference_each_backend_writes_the_format_of_mmcvs_hook_for_its_torch():
     """Legacy state: LossScaler's (mmcv's hook of torch < 1.6 reads it, the GradScaler
     hook of newer torch does not); native state: GradScaler's (the other way round)."""
@@ -318,19 +359,18 @@ def test_difference_each_backend_writes_the_format_of_mmcvs_hook_for_its_torch()
         train(hook, 0, meta={'fp16': dict(state)})
         scale = state['loss_scaler'].get('cur_scale', state['loss_scaler'].get('scale'))
         assert hook.loss_scale == scale
-    shapes('Fp16OptimizerHook', ['difference: legacy state in the GradScaler hook',
-                                 'difference: native state in the LossScaler hook'])
 
 
+@compares('Fp16OptimizerHook', ['difference: static scale, overflow, legacy'])
 def test_difference_static_scale_skips_the_overflowing_step_on_the_legacy_path():
     theirs = train(mmcv_legacy_hook(loss_scale=512.0, distributed=False), OVERFLOWS_AT + 1)
     mine = train(ours('legacy', 512.0), OVERFLOWS_AT + 1)
     assert not all(torch.isfinite(p).all() for p in theirs.model.parameters())  # applied
     assert all(torch.isfinite(p).all() for p in mine.model.parameters())  # skipped
     assert mine.hooks[0].skipped_steps == 1
-    shapes('Fp16OptimizerHook', ['difference: static scale, overflow, legacy'])
 
 
+@compares('Fp16OptimizerHook', ['mmcv on a cpu-only torch: empty state'])
 @pytest.mark.filterwarnings('ignore:`torch.cuda.amp.GradScaler:FutureWarning')
 def test_mmcvs_hook_on_a_cpu_only_torch_writes_an_empty_state_that_loads():
     """Without CUDA, mmcv's GradScaler is disabled and saves ``{}``: fp16utils starts over."""
@@ -342,4 +382,3 @@ def test_mmcvs_hook_on_a_cpu_only_torch_writes_an_empty_state_that_loads():
     hook = ours('native', dict(init_scale=2.0**10))
     train(hook, 0, meta=written, start=2)
     assert hook.loss_scale == 2.0**10 and hook.skipped_steps == 0
-    shapes('Fp16OptimizerHook', ['mmcv on a cpu-only torch: empty state'])
