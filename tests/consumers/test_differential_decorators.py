@@ -13,6 +13,7 @@ others README.md lists.
 from __future__ import annotations
 
 import itertools
+import warnings
 
 import _consumers
 import pytest
@@ -206,6 +207,16 @@ def test_difference_the_body_runs_under_autocast_on_the_cpu():
     status, err = call(make_linear(fp16_utils()), torch.ones(1, 2))
     assert status == 'raises' and 'dtype' in str(err)  # a half input to a float32 layer
     assert call(make_linear(fp16utils), torch.ones(1, 2))[1].dtype == F16
+
+    # mmcv's decorators warn on each call: torch.cuda.amp is deprecated (and, without
+    # CUDA, disabled). fp16utils' warn about nothing.
+    theirs = {FutureWarning} | (set() if torch.cuda.is_available() else {UserWarning})
+    for lib, expected in ((fp16_utils(), theirs), (fp16utils, set())):
+        module = make(lib)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter('always')
+            module(x)
+        assert {w.category for w in caught} == expected, [str(w.message) for w in caught]
 
 
 @compares('force_fp32', ['difference: *args, apply_to=None'])
