@@ -47,9 +47,44 @@ _CONVERT = {
 }
 
 
-def _convert(tensor: torch.Tensor, dst: torch.dtype) -> torch.Tensor:
+def _convert(tensor: torch.Tensor, dst: Any) -> torch.Tensor:
     method = _CONVERT.get(dst)
-    return tensor.to(dst) if method is None else method(tensor)
+    if method is not None:
+        return method(tensor)
+    if type(dst) is _To:
+        return dst(tensor)
+    return tensor.to(dst)
+
+
+class _To:
+    """A ``dst_type`` that is not a torch dtype: passed to ``Tensor.to`` as mmcv passes it.
+
+    ``Tensor.to`` reads a Python scalar type as a dtype (``float`` is float64),
+    a device, device string or index as a move, a tensor as that tensor's dtype
+    and device. What it refuses becomes a TypeError that names ``dst_type``.
+    """
+
+    __slots__ = ('arg', 'src')
+
+    def __init__(self, arg: Any, src: torch.dtype) -> None:
+        self.arg = arg
+        self.src = src
+
+    def __call__(self, tensor: torch.Tensor) -> torch.Tensor:
+        try:
+            return tensor.to(self.arg)
+        except (TypeError, RuntimeError) as err:
+            if isinstance(err, RuntimeError) and 'device string' not in str(err):
+                raise  # a real failure of the move (no such device, out of memory)
+            named = getattr(torch, self.arg, None) if isinstance(self.arg, str) else None
+            todo = (f'pass the dtype torch.{self.arg}, not the string {self.arg!r}'
+                    if isinstance(named, torch.dtype) else 'pass a torch dtype, e.g. torch.float16')
+            reason = str(err).splitlines()[0].split(', but expected')[0].rstrip(':')
+            raise TypeError(
+                f'cast_tensor_type() converts the tensors of dtype {self.src} with '
+                f'Tensor.to(dst_type), which refused dst_type={self.arg!r} ({reason}); '
+                f'nothing was cast. dst_type must be a torch dtype (or a device or a '
+                f'tensor, which Tensor.to also takes): {todo}.') from None
 
 
 #: How many containers deep :func:`cast_tensor_type` looks before refusing (far
@@ -166,42 +201,46 @@ def _cast_collection(obj: Any, src: Collection[torch.dtype], dst: torch.dtype,
     return _rebuilt(obj, lambda: cls(new))
 
 
-def _check_dtype(value: Any, name: str) -> None:
-    if value is not None and not isinstance(value, torch.dtype):
-        raise TypeError(
-            f'cast_tensor_type() takes torch dtypes (or None), got {name}={value!r}; '
-            f'pass e.g. torch.float32 or torch.float16.')
-
-
-def cast_tensor_type(inputs: Any, src_type: Optional[torch.dtype] = None,
-                     dst_type: Optional[torch.dtype] = None) -> Any:
+def cast_tensor_type(inputs: Any, src_type: Any = None, dst_type: Any = None) -> Any:
     """Recursively convert tensors of dtype ``src_type`` inside ``inputs`` to ``dst_type``.
 
     Only tensors whose dtype equals ``src_type`` change (an int tensor stays
     int). Modules, strings, bytes, numpy arrays, ranges, iterators and
     generators are returned as they are (nothing is consumed). Mappings,
     lists, tuples, namedtuples, sets, deques, OrderedDicts and defaultdicts are
-    rebuilt with the same type (a defaultdict keeps its factory). Anything else
-    is returned as is. When nothing needs casting, the very same object comes
-    back.
+    rebuilt with the same type (a defaultdict keeps its factory, a deque its
+    maxlen). Anything else is returned as is. When nothing needs casting, the
+    very same object comes back.
+
+    ``src_type`` and ``dst_type`` take whatever mmcv's ``cast_tensor_type``
+    takes. A ``src_type`` that is not a torch dtype (None, ``str``,
+    ``np.ndarray``, ...) equals no tensor's dtype, so nothing changes; a
+    ``dst_type`` of None changes nothing either (``Tensor.to(None)``). Any other
+    ``dst_type`` goes to ``Tensor.to`` as in mmcv (``float`` means float64, a
+    device moves the tensor); what ``Tensor.to`` refuses is a TypeError naming
+    it, raised only when a tensor of ``src_type`` is there to convert.
 
     A container that holds itself (a cycle) comes back as the very same
     object when nothing inside it needs casting; when something does, it is a
     ValueError (a copy cannot keep the cycle), as is nesting deeper than
     :data:`MAX_DEPTH` containers. A container type that cannot be rebuilt from
     its items (its constructor refuses a list, or a dict for a mapping) comes
-    back uncast, as mmcv's does, with a warning once per class.
+    back uncast, with a warning once per class (mmcv's raises the constructor's
+    TypeError).
 
     Args:
         inputs: Anything: a tensor, a container of tensors, or another object.
-        src_type: The dtype to convert from.
-        dst_type: The dtype to convert to.
+        src_type: The dtype to convert from (anything else matches no tensor).
+        dst_type: The dtype to convert to (None: no conversion; anything else
+            that ``Tensor.to`` takes is passed to it).
 
     Returns:
         ``inputs`` with its matching tensors converted.
 
     Raises:
-        TypeError: ``src_type`` or ``dst_type`` is neither a torch dtype nor None.
+        TypeError: A tensor of ``src_type`` is to be converted and
+            ``Tensor.to`` refuses ``dst_type`` (a class such as ``str``, the
+            name ``'float16'`` instead of ``torch.float16``); nothing is cast.
         ValueError: A cycle holding tensors to cast, or nesting deeper than
             :data:`MAX_DEPTH`; nothing is cast.
 
@@ -210,9 +249,13 @@ def cast_tensor_type(inputs: Any, src_type: Optional[torch.dtype] = None,
         >>> x = (torch.ones(1), torch.ones(1, dtype=torch.int64))
         >>> [t.dtype for t in cast_tensor_type(x, torch.float32, torch.float16)]
         [torch.float16, torch.int64]
+        >>> cast_tensor_type('tensor', str, str)
+        'tensor'
     """
-    _check_dtype(src_type, 'src_type')
-    _check_dtype(dst_type, 'dst_type')
-    if src_type is None or dst_type is None or src_type == dst_type:
+    if dst_type is None or not isinstance(src_type, torch.dtype):
         return inputs
-    return _cast(inputs, (src_type,), dst_type, None)
+    if isinstance(dst_type, torch.dtype):
+        if dst_type == src_type:
+            return inputs
+        return _cast(inputs, (src_type,), dst_type, None)
+    return _cast(inputs, (src_type,), _To(dst_type, src_type), None)

@@ -57,6 +57,24 @@ def test_int_tensor_stays_int_next_to_float():
     assert out['x'].dtype == F16
 
 
+@pytest.mark.parametrize(('inputs', 'src', 'dst'), [
+    ('tensor', str, str),
+    (np.array([5.0]), np.ndarray, np.ndarray),
+    (5, None, None),
+    ([torch.ones(1)], None, F16),
+    ([torch.ones(1)], F32, None),
+])
+def test_call_shapes_of_mmcvs_own_tests_return_the_input(inputs, src, dst):
+    assert cast_tensor_type(inputs, src, dst) is inputs
+
+
+def test_integer_destination_as_in_mmcvs_own_tests():
+    out = cast_tensor_type({'a': torch.tensor([1.7]), 'b': [torch.tensor([2.2])]}, F32,
+                           torch.int32)
+    assert out['a'].dtype == out['b'][0].dtype == torch.int32
+    assert (out['a'].item(), out['b'][0].item()) == (1, 2)
+
+
 def test_cast_keeps_autograd_graph():
     x = torch.ones(3, requires_grad=True)
     out = cast_tensor_type(x, F32, F16)

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import copy
 import pickle
+import re
 import warnings
 from collections import OrderedDict, namedtuple
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -158,17 +160,51 @@ def test_namedtuple_ordered_dict_and_torch_size_keep_their_types():
 # --------------------------------------------------------------------------- dtypes
 
 
-@pytest.mark.parametrize(('src', 'dst', 'bad'), [
-    ('float32', F16, 'src_type'),
-    (F32, 'float16', 'dst_type'),
-    (F32, float, 'dst_type'),
-    (1, F16, 'src_type'),
+@pytest.mark.parametrize('src', ['float32', 1, str, np.ndarray, float, np.float32])
+def test_src_type_that_is_not_a_torch_dtype_matches_no_tensor_as_in_mmcv(src):
+    inp = [f32()]
+    assert cast_tensor_type(inp, src, F16) is inp
+    assert inp[0].dtype == F32
+
+
+@pytest.mark.parametrize(('dst', 'reason'), [
+    ('float16', "pass the dtype torch.float16, not the string 'float16'"),
+    (str, 'pass a torch dtype'),
+    (np.ndarray, 'pass a torch dtype'),
+    (np.dtype('float16'), 'pass a torch dtype'),
 ])
-def test_dtype_that_is_not_a_torch_dtype_is_a_type_error(src, dst, bad):
+def test_dst_type_that_tensor_to_refuses_is_a_type_error_naming_it(dst, reason):
     x = f32()
-    with pytest.raises(TypeError, match=f'got {bad}='):
-        cast_tensor_type([x], src, dst)
-    assert x.dtype == F32
+    inp = {'a': [torch.arange(2), x]}
+    with pytest.raises(TypeError, match=f'refused dst_type={re.escape(repr(dst))}.*{reason}'):
+        cast_tensor_type(inp, F32, dst)
+    assert x.dtype == F32 and inp['a'][1] is x
+
+
+@pytest.mark.parametrize('dst', ['float16', str, np.ndarray, object()])
+def test_dst_type_is_not_looked_at_when_no_tensor_matches(dst):
+    inp = ['tensor', np.ones(2), 5, torch.arange(2)]
+    assert cast_tensor_type(inp, F32, dst) is inp
+
+
+@pytest.mark.parametrize(('dst', 'dtype'), [(float, torch.float64), (int, torch.int64),
+                                            (bool, torch.bool)])
+def test_python_scalar_type_as_dst_is_what_tensor_to_makes_of_it(dst, dtype):
+    x = torch.tensor([1.5])
+    out = cast_tensor_type([x, torch.arange(2)], F32, dst)
+    assert out[0].dtype == dtype == x.to(dst).dtype
+    assert torch.equal(out[0], x.to(dst))
+    assert out[1].dtype == torch.int64
+
+
+def test_device_or_tensor_as_dst_is_passed_to_tensor_to():
+    x = f32()
+    on_meta = cast_tensor_type({'x': x}, F32, 'meta')['x']
+    assert on_meta.device.type == 'meta' and on_meta.dtype == F32
+    like = torch.empty(0, dtype=BF16, device='meta')
+    out = cast_tensor_type((x,), F32, like)[0]
+    assert out.device.type == 'meta' and out.dtype == BF16
+    assert cast_tensor_type([x], F32, torch.device('cpu'))[0].dtype == F32
 
 
 def test_none_dtypes_return_the_input_as_mmcv_does():
