@@ -15,10 +15,14 @@ Example:
 
 from __future__ import annotations
 
+import builtins
+import importlib.machinery
 import os
 import runpy
 import sys
 import traceback
+import types
+import zipfile
 from typing import Sequence
 
 __all__ = ['run_script']
@@ -44,7 +48,10 @@ def run_script(script: str, argv: Sequence[str]) -> int:
     else:
         sys.path.append(folder)
     try:
-        runpy.run_path(path, run_name='__main__')
+        if zipfile.is_zipfile(path):
+            runpy.run_path(path, run_name='__main__')  # an application zip: its __main__.py
+        else:
+            _run_as_main(path)
     except SystemExit as stop:
         if stop.code is None or isinstance(stop.code, int):
             return stop.code or 0
@@ -62,3 +69,26 @@ def run_script(script: str, argv: Sequence[str]) -> int:
         if saved_path0 is not None:
             sys.path[0] = saved_path0
     return 0
+
+
+def _run_as_main(path: str) -> None:
+    """Execute the file at ``path`` as the ``__main__`` module, as the interpreter does.
+
+    ``runpy.run_path`` would set ``sys.argv[0]`` to ``path``; Python keeps it as typed.
+    """
+    with open(path, 'rb') as file:
+        source = file.read()
+    code = compile(source, path, 'exec', dont_inherit=True)
+    module = types.ModuleType('__main__')
+    module.__dict__.update(__file__=path, __cached__=None, __package__=None, __spec__=None,
+                           __loader__=importlib.machinery.SourceFileLoader('__main__', path),
+                           __builtins__=builtins)
+    saved = sys.modules.get('__main__')
+    sys.modules['__main__'] = module
+    try:
+        exec(code, module.__dict__)
+    finally:
+        if saved is None:
+            sys.modules.pop('__main__', None)
+        else:
+            sys.modules['__main__'] = saved

@@ -119,6 +119,22 @@ class OptimizerHookApi(RunnerHook):
         """More ``__init__`` arguments for :meth:`_set_up_from_attributes` (subclasses')."""
         return {}
 
+    def __getstate__(self) -> Dict[str, Any]:
+        # Tensors pickle without their .grad: keep the gradients of an unfinished
+        # accumulation window (references: pickled with their parameters).
+        state = self.__dict__.copy()
+        engine, optimizer = state.get('_engine'), state.get('_optimizer')
+        if engine is not None and optimizer is not None:
+            state['_grads'] = [p.grad for p in engine.grad_params(optimizer)]
+        return state
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        grads = state.pop('_grads', None)
+        self.__dict__.update(state)
+        if grads is not None:
+            for p, grad in zip(state['_engine'].grad_params(state['_optimizer']), grads):
+                p.grad = grad
+
     # -- grad_clip and clip_grads ------------------------------------------------------------
 
     @property
