@@ -363,7 +363,8 @@ class Fp16OptimizerHook(OptimizerHookApi):
         if backend == 'legacy':
             engine: StepEngine = LegacyEngine(optimizer, spec, self.dtype, owner, self.nonfinite,
                                               self._clip)
-            engine.reduce = self._reduce  # type: ignore[attr-defined]
+            if self.distributed:
+                engine.reduce = self._reduce  # type: ignore[attr-defined]
         else:
             engine = NativeEngine(spec, self.dtype, self._param_device_type, self.nonfinite,
                                   self._clip)
@@ -384,7 +385,7 @@ class Fp16OptimizerHook(OptimizerHookApi):
         return self._engine.grad_params(self._optimizer)
 
     def _reduce(self, masters: List[nn.Parameter]) -> None:
-        if self.distributed and _world_size() > 1:  # read now, as mmcv reads it
+        if _world_size() > 1:
             _allreduce_grads(masters, self.coalesce, self.bucket_size_mb)
 
     def _zero_grad(self, runner: Any) -> None:
