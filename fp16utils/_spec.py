@@ -20,6 +20,7 @@ import math
 from typing import Any, Dict, Mapping, NamedTuple, Optional, Tuple
 
 from ._limits import SCALE_RANGE, usable_scale
+from ._whole import as_whole, window_note
 
 __all__ = [
     'NotADictError',
@@ -28,9 +29,7 @@ __all__ = [
     'ScaleSpec', 'TORCH_DYNAMIC', 'check_nonfinite_policy', 'check_positive_int',
     'check_scale', 'check_scaler_state', 'check_state_keys', 'check_stats', 'grow_scale',
     'grad_scaler_to_mmcv_state', 'is_number', 'is_positive_int', 'mmcv_to_grad_scaler_state',
-    'shrink_scale',
-    'nonfinite_error', 'parse_clip_grad', 'parse_loss_scale', 'positive_finite',
-]
+    'shrink_scale', 'nonfinite_error', 'parse_clip_grad', 'parse_loss_scale', 'positive_finite']
 
 logger = logging.getLogger('fp16utils')
 
@@ -211,13 +210,14 @@ def parse_loss_scale(loss_scale: Any, owner: str,
         raise ValueError(f'{usage}; enabled must be True or False, got {enabled!r}.')
     factors_ok = (positive_finite(growth) and growth > 1 and positive_finite(backoff)
                   and backoff < 1)
-    interval_ok = is_positive_int(interval)
+    whole = as_whole(interval)  # 2.0 as mmcv takes it; 2.5 refused (see fp16utils._whole)
+    interval_ok = whole is not None and whole >= 1
     if static:
         # Growth and backoff never happen; keep valid values for GradScaler.
         if not factors_ok:
             growth, backoff = dynamic.growth_factor, dynamic.backoff_factor
         if not interval_ok:
-            interval = dynamic.growth_interval
+            whole = dynamic.growth_interval
     else:
         if not factors_ok:
             raise ValueError(
@@ -225,10 +225,9 @@ def parse_loss_scale(loss_scale: Any, owner: str,
                 f'0 < backoff_factor < 1, got growth_factor={growth!r}, '
                 f'backoff_factor={backoff!r}.')
         if not interval_ok:
-            raise ValueError(f'{usage}; growth_interval (scale_window) must be an int >= 1, '
-                             f'got {interval!r}.')
-    return ScaleSpec(static, float(init_scale), float(growth), float(backoff), int(interval),
-                      enabled)
+            raise ValueError(f'{usage}; growth_interval (scale_window) must be a whole number '
+                             f'>= 1, got {interval!r}{window_note(interval)}.')
+    return ScaleSpec(static, float(init_scale), float(growth), float(backoff), whole, enabled)
 
 
 def mmcv_to_grad_scaler_state(state: Mapping[str, Any]) -> Tuple[Dict[str, Any], bool]:
@@ -280,10 +279,10 @@ def _state_error(owner: str, key: str, value: Any, expected: str) -> ValueError:
 
 
 def _check_int(state: Mapping[str, Any], key: str, owner: str, low: Optional[int]) -> int:
-    value = state[key]
-    if not (isinstance(value, int) and not isinstance(value, bool)) or (
-            low is not None and value < low):
-        raise _state_error(owner, key, value, 'an int' if low is None else f'an int >= {low}')
+    value = as_whole(state[key])  # an int, or a float without a fraction (mmcv keeps 2.0)
+    if value is None or (low is not None and value < low):
+        raise _state_error(owner, key, state[key], ('a whole number' if low is None else
+                           f'a whole number >= {low}') + window_note(state[key]))
     return value
 
 
@@ -300,10 +299,10 @@ def check_scaler_state(state: Any, owner: str) -> str:
     """Check a loss scaler state completely; say its format: ``'mmcv'`` or ``'torch'``.
 
     Keys (none missing, none unknown), types and values are checked: a scale in
-    ``(0, 2**127]``, growth factor > 1, backoff factor in (0, 1), intervals
-    ints >= 1, a growth tracker in ``[0, growth_interval)``, mmcv's mode
-    ``'dynamic'`` or ``'static'`` and ``-1 <= last_overflow_iter <= cur_iter``.
-    A bool is not a number here.
+    ``(0, 2**127]``, growth factor > 1, backoff factor in (0, 1), intervals whole
+    numbers >= 1 (an int, or a float such as ``3.0``, as mmcv keeps it), a growth
+    tracker in ``[0, growth_interval)``, mmcv's mode ``'dynamic'`` or ``'static'``
+    and ``-1 <= last_overflow_iter <= cur_iter``. A bool is not a number here.
 
     Args:
         state: A ``GradScaler.state_dict()`` or an mmcv ``LossScaler.state_dict()``.
@@ -351,7 +350,7 @@ def check_scaler_state(state: Any, owner: str) -> str:
         tracker = _check_int(state, '_growth_tracker', owner, 0)
         if tracker >= interval:
             raise _state_error(owner, '_growth_tracker', tracker,
-                               f'an int in [0, growth_interval={interval})')
+                               f'a whole number in [0, growth_interval={interval})')
         return kind
     mode = state['mode']
     if mode not in ('dynamic', 'static'):

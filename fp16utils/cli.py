@@ -15,15 +15,14 @@ import argparse
 import json
 import os
 import re
-import runpy
 import sys
-import traceback
 import warnings
 from pathlib import Path
 from typing import NoReturn, Optional, Sequence, TextIO
 
 # fp16utils.migrate imports the standard library only: the scan and migrate commands
 # never import torch (env, demo and bench import it inside their functions).
+from ._script import run_script
 from .migrate._atomic import atomic_write, resolve_target
 from .migrate.config_files import format_config, load_config
 from .migrate.errors import CommandError, UsageError
@@ -264,46 +263,10 @@ def cmd_scan(args: argparse.Namespace, out: TextIO) -> int:
 # --------------------------------------------------------------- run, bench
 
 
-def _run_script(script: Path, argv: Sequence[str]) -> int:
-    """Run ``script`` as ``__main__`` with ``sys.argv = [script, *argv]``; its exit code.
-
-    As ``python SCRIPT`` would: the script's folder comes first on ``sys.path``;
-    ``sys.exit(code)`` gives ``code`` (a message is printed and gives 1); an
-    exception prints its traceback from the script's frame on and gives 1.
-    """
-    path = str(script.resolve())
-    saved_argv, saved_path0 = sys.argv, sys.path[0] if sys.path else None
-    sys.argv = [path, *argv]
-    if sys.path:
-        sys.path[0] = str(script.resolve().parent)
-    else:
-        sys.path.append(str(script.resolve().parent))
-    try:
-        runpy.run_path(path, run_name='__main__')
-    except SystemExit as stop:
-        if stop.code is None or isinstance(stop.code, int):
-            return stop.code or 0
-        sys.stderr.write(f'{stop.code}\n')
-        return 1
-    except Exception as err:  # noqa: BLE001 - reported as Python reports it
-        tb = err.__traceback__
-        while tb is not None and tb.tb_frame.f_code.co_filename != path:
-            tb = tb.tb_next
-        sys.stderr.flush()
-        traceback.print_exception(type(err), err, tb or err.__traceback__, file=sys.stderr)
-        return 1
-    finally:
-        sys.argv = saved_argv
-        if saved_path0 is not None:
-            sys.path[0] = saved_path0
-    return 0
-
-
 def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     """Patch mmcv 1.x with fp16utils, then run a script as ``__main__``."""
-    script = Path(args.script)
-    if not script.is_file():
-        raise UsageError(f'{args.script}: no such file')
+    if not os.path.isfile(args.script):
+        raise UsageError(f'{_shown(args.script)}: no such file')
     from .mmcv import patch_mmcv
 
     _check_backend_env()
@@ -311,7 +274,12 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
         patch_mmcv(dtype=args.dtype, backend=args.backend)
     except ImportError as err:
         raise CommandError(f'run: {err}') from None
-    return _run_script(script, args.args)
+    except Exception as err:  # noqa: BLE001 - mmcv's own import failed: one line, not a traceback
+        raise CommandError(
+            f'run: importing mmcv.runner failed with {type(err).__name__}: {_one_line(err)}; '
+            'the mmcv installation is broken (python -c "import mmcv.runner" shows the '
+            'traceback); nothing was run') from None
+    return run_script(args.script, args.args)
 
 
 def cmd_bench(args: argparse.Namespace, out: TextIO) -> int:
@@ -328,7 +296,7 @@ def cmd_bench(args: argparse.Namespace, out: TextIO) -> int:
                 f'{root}: no benchmarks here; they ship with the source checkout '
                 '(run from a clone installed with pip install -e .)')
         raise UsageError(f'{args.name}: no such benchmark; available: {", ".join(available)}')
-    return _run_script(script, args.rest)
+    return run_script(str(script), args.rest)
 
 
 # -------------------------------------------------------------------- demo
@@ -380,7 +348,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser('demo', help='train a small model in fp32, AMP and legacy modes')
     demo.add_argument('--steps', type=_positive_int, default=100, help='steps per mode')
     demo.add_argument('--device', default=None, help='device (default: the best present)')
-    demo.add_argument('--seed', type=int, default=0)
+    demo.add_argument('--seed', type=_seed, default=0,
+                      help="seed of the data and the weights (torch's range: -2**63 to 2**64-1)")
     demo.add_argument('--plot', metavar='FILE.png', default=None,
                       help='draw loss and loss scale per step (needs matplotlib)')
     demo.set_defaults(func=cmd_demo)
@@ -429,6 +398,19 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument('rest', nargs=argparse.REMAINDER, help='arguments for the benchmark')
     bench.set_defaults(func=cmd_bench)
     return parser
+
+
+def _seed(text: str) -> int:
+    """A ``--seed``: an integer that ``torch.manual_seed`` takes."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'{text!r} is not an integer') from None
+    low, high = -2**63, 2**64 - 1  # torch.manual_seed's range
+    if not low <= value <= high:
+        raise argparse.ArgumentTypeError(
+            f'{value} is outside the seeds torch takes: an integer from {low} to {high}')
+    return value
 
 
 def _positive_int(text: str) -> int:

@@ -23,6 +23,7 @@ Example:
 from __future__ import annotations
 
 import weakref
+from copy import deepcopy
 from typing import Any, Callable, Optional
 
 __all__ = ['SkipAware', 'skip_aware']
@@ -123,6 +124,19 @@ class SkipAware:
     def __reduce__(self) -> tuple:
         ref = self._source
         return (_rebuild, (self._inner, None if ref is None else ref(), self._mark))
+
+    def __deepcopy__(self, memo: dict) -> SkipAware:
+        # Defined here, or copy.deepcopy would find the followed object's own
+        # __deepcopy__ through __getattr__ and return a copy that is no follower.
+        ref = self._source
+        copy = SkipAware.__new__(SkipAware)
+        memo[id(self)] = copy
+        setter = object.__setattr__
+        setter(copy, '_inner', deepcopy(self._inner, memo))
+        source = None if ref is None else ref()
+        setter(copy, '_source', None if source is None else weakref.ref(deepcopy(source, memo)))
+        setter(copy, '_mark', self._mark)
+        return copy
 
     def __repr__(self) -> str:
         return f'skip_aware({self._inner!r})'

@@ -44,11 +44,8 @@ Example:
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
 import logging
-import sys
-from typing import Any, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, List, Mapping, Optional, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -60,7 +57,6 @@ from ._spec import (
     MMCV_DYNAMIC,
     TORCH_DYNAMIC,
     check_nonfinite_policy,
-    parse_clip_grad,
     parse_loss_scale,
 )
 from .engine import (
@@ -80,7 +76,7 @@ from .engine import (
     take_step,
 )
 from .engine.ranks import check_setting
-from .runner_hook import RunnerHook
+from .hook_api import CumulativeHookApi, OptimizerHookApi, follow_mmcv, set_base
 from .wrap import wrap_fp16_model
 
 __all__ = ['Fp16OptimizerHook', 'GradientCumulativeFp16OptimizerHook']
@@ -194,7 +190,7 @@ def _fp16_slot(runner: Any) -> Any:
     return slot
 
 
-class Fp16OptimizerHook(RunnerHook):
+class Fp16OptimizerHook(OptimizerHookApi):
     """mmcv's ``Fp16OptimizerHook``: fp16 backward, scaling, clipping and the update.
 
     After each training iteration the hook zeroes the gradients, backwards
@@ -231,6 +227,10 @@ class Fp16OptimizerHook(RunnerHook):
             size is > 1), True, False or a process group; see
             :class:`~fp16utils.optim.AmpOptimWrapper`.
 
+    What mmcv's hooks give their subclasses is here too, with mmcv's meaning
+    (:class:`~fp16utils.hook_api.OptimizerHookApi`): ``clip_grads``,
+    ``loss_scaler``, ``_scale_update_param``, ``copy_grads_to_fp32``, ...
+
     Each iteration the hook puts the :class:`~fp16utils.StepResult` fields in
     ``runner.outputs['fp16']`` (a plain dict) and, when the loss is scaled,
     ``loss_scale`` (the scale of the iteration's gradients) in ``runner.log_buffer``.
@@ -253,18 +253,20 @@ class Fp16OptimizerHook(RunnerHook):
                  backend: Optional[str] = None, nonfinite: str = 'warn',
                  overflow_guard: Optional[Mapping[str, Any]] = None,
                  agree_across_ranks: Any = None) -> None:
-        _follow_mmcv()
+        follow_mmcv()
+        self._set_up = True  # see OptimizerHookApi.__getattr__
         owner = type(self).__name__
         self.nonfinite = check_nonfinite_policy(nonfinite, owner)
         self._guard = OverflowGuard.parse(overflow_guard, owner)
         #: See :mod:`fp16utils.engine.ranks` (None: agree when the world size is > 1).
         self.agree_across_ranks = check_setting(agree_across_ranks, owner)
-        self.grad_clip = dict(grad_clip) if grad_clip is not None else None
-        self._clip = parse_clip_grad(grad_clip, owner)
+        self.grad_clip = grad_clip  # checked (see OptimizerHookApi.grad_clip)
         self.backend = _torch.resolve_backend(backend)
         self.dtype = _torch.resolve_dtype(dtype)
         dynamic = TORCH_DYNAMIC if self.backend == 'native' else MMCV_DYNAMIC
         self._spec = parse_loss_scale(loss_scale, owner, dynamic)
+        #: What mmcv's hook gives ``loss_scaler.update()``: the scale when it is static.
+        self._scale_update_param = self._spec.init_scale if self._spec.static else None
         self._backend_arg, self._loss_scale_arg = backend, loss_scale
         self.coalesce = bool(coalesce)
         self.bucket_size_mb = bucket_size_mb
@@ -288,11 +290,6 @@ class Fp16OptimizerHook(RunnerHook):
     def last_result(self) -> Optional[StepResult]:
         """The :class:`~fp16utils.StepResult` of the last iteration (None before any)."""
         return self._last_result
-
-    @property
-    def loss_scaler(self) -> Any:
-        """The GradScaler (native) or LossScaler (legacy); None before :meth:`before_run`."""
-        return None if self._engine is None else self._engine.scaler
 
     @property
     def loss_scale(self) -> float:
@@ -341,6 +338,7 @@ class Fp16OptimizerHook(RunnerHook):
         self.backend, self._spec = backend, spec
         if self.backend == 'native':
             engine.clip_params = list(model.parameters())  # as mmcv clips the model's
+        engine.clip_fn = self._clip_override()
         engine.agree_across_ranks = self.agree_across_ranks
         run_logger = getattr(runner, 'logger', None)
         engine.logger = logger if run_logger is None else run_logger  # one line per event
@@ -370,16 +368,23 @@ class Fp16OptimizerHook(RunnerHook):
                      params: List[Any], owner: str) -> StepEngine:
         """The engine for ``backend``; the model is converted once the engine is made."""
         if backend == 'legacy':
-            legacy = LegacyEngine(optimizer, spec, self.dtype, owner, self.nonfinite, self._clip)
+            engine: StepEngine = LegacyEngine(optimizer, spec, self.dtype, owner, self.nonfinite,
+                                              self._clip)
             if self.distributed:
-                legacy.reduce = self._reduce
-            wrap_fp16_model(model, self.dtype, backend='legacy')
-            return legacy
-        first = params[:1]
-        native = NativeEngine(spec, self.dtype, lambda: first[0].device.type if first else 'cpu',
-                              self.nonfinite, self._clip, owner=owner)  # checks, then converts
-        wrap_fp16_model(model, self.dtype, backend='native')
-        return native
+                engine.reduce = self._reduce  # type: ignore[attr-defined]
+        else:  # checks its arguments first; the model is converted below
+            engine = NativeEngine(spec, self.dtype, self._param_device_type, self.nonfinite,
+                                  self._clip, owner=owner)
+        given = self.__dict__.get('_given_scaler')
+        if given is not None:  # assigned to loss_scaler, as an mmcv-style __init__ does
+            engine.adopt_scaler(given)  # type: ignore[attr-defined]
+        wrap_fp16_model(model, self.dtype, backend=backend)
+        return engine
+
+    def _param_device_type(self) -> str:
+        """Where the optimizer's first parameter lives (a method: the hook pickles)."""
+        params = [] if self._optimizer is None else flat_params(self._optimizer)
+        return params[0].device.type if params else 'cpu'
 
     def _grad_params(self) -> List[Any]:
         """The tensors whose ``.grad`` accumulates over a window."""
@@ -403,6 +408,7 @@ class Fp16OptimizerHook(RunnerHook):
     def _update(self, runner: Any) -> None:
         """Unscale, clip, step (or skip), update the scale, log, save the scaler state."""
         engine = self._require_engine(runner)
+        self._refresh_clip()
         engine.grad_norm = None
 
         def done(result: StepResult) -> None:  # also when a step raises once applied
@@ -459,6 +465,8 @@ class Fp16OptimizerHook(RunnerHook):
         """Backward the scaled loss and update the parameters (or skip on overflow)."""
         engine = self._require_engine(runner)
         self._zero_grad(runner)
+        if self.detect_anomalous_params:
+            self.detect_anomalous_parameters(runner.outputs['loss'], runner)
         self._backward(runner, engine, runner.outputs['loss'])
         self._update(runner)
 
@@ -467,7 +475,7 @@ class Fp16OptimizerHook(RunnerHook):
                 f'loss_scale={self.loss_scale}, grad_clip={self.grad_clip})')
 
 
-class GradientCumulativeFp16OptimizerHook(Fp16OptimizerHook):
+class GradientCumulativeFp16OptimizerHook(CumulativeHookApi, Fp16OptimizerHook):
     """mmcv's ``GradientCumulativeFp16OptimizerHook``: fp16 training with gradient accumulation.
 
     The loss of each iteration is divided by ``cumulative_iters`` and
@@ -550,68 +558,5 @@ class GradientCumulativeFp16OptimizerHook(Fp16OptimizerHook):
                 f'grad_clip={self.grad_clip})')
 
 
-# -- mmcv's Hook as the base, once mmcv's runner is imported ---------------------------------
-
-#: The module that defines ``mmcv.runner.Hook`` (mmcv 0.x and 1.x; mmcv 2.x has none).
-_MMCV_HOOK_MODULE = 'mmcv.runner.hooks.hook'
-
-
-def _set_base(base: Optional[type] = None) -> None:
-    """Make ``base`` (mmcv's ``Hook``; None: the plain base) the base of the hooks.
-
-    Both hook classes follow: the cumulative hook derives from
-    :class:`Fp16OptimizerHook`, and so do hooks that users derive from them.
-    Existing hook objects follow too (``isinstance`` reads the class's bases).
-    """
-    base = RunnerHook if base is None else base
-    if Fp16OptimizerHook.__bases__ == (base,):
-        return
-    try:
-        Fp16OptimizerHook.__bases__ = (base,)
-    except TypeError as err:  # a user class that lists mmcv's Hook before ours
-        logger.warning('fp16utils hooks could not take %s.%s as their base (%s); mmcv '
-                       'runners will refuse them.', base.__module__, base.__qualname__, err)
-
-
-def _follow_mmcv() -> None:
-    """Take ``mmcv.runner.Hook`` as the base if mmcv's hook module is imported; never import it."""
-    module = sys.modules.get(_MMCV_HOOK_MODULE)
-    base = getattr(module, 'Hook', None)
-    if isinstance(base, type) and base is not Fp16OptimizerHook.__bases__[0]:
-        _set_base(base)
-
-
-class _LoaderThenFollow(importlib.abc.Loader):
-    """Loads mmcv's hook module with its own loader, then calls :func:`_follow_mmcv`."""
-
-    def __init__(self, loader: Any) -> None:
-        self._loader = loader
-
-    def create_module(self, spec: Any) -> Any:
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module: Any) -> None:
-        self._loader.exec_module(module)
-        _follow_mmcv()
-
-    def __getattr__(self, name: str) -> Any:  # get_source, get_filename, ...: the real loader's
-        return getattr(self._loader, name)
-
-
-class _MmcvHookWatcher(importlib.abc.MetaPathFinder):
-    """Notices the import of mmcv's hook module (``sys.meta_path``); finds nothing else."""
-
-    def find_spec(self, fullname: str, path: Optional[Sequence[str]],
-                  target: Any = None) -> Any:
-        if fullname != _MMCV_HOOK_MODULE:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
-        if spec is None or not hasattr(spec.loader, 'exec_module'):
-            return None  # the other finders decide; hooks made later still follow mmcv
-        spec.loader = _LoaderThenFollow(spec.loader)
-        return spec
-
-
-_follow_mmcv()
-if not any(isinstance(finder, _MmcvHookWatcher) for finder in sys.meta_path):
-    sys.meta_path.insert(0, _MmcvHookWatcher())
+#: The name :func:`~fp16utils.hook_api.set_base` had here.
+_set_base = set_base

@@ -29,6 +29,7 @@ from ._spec import (
     positive_finite,
     shrink_scale,
 )
+from ._whole import as_whole, check_window
 
 __all__ = ['LossScaler', 'non_finite_check_']
 
@@ -188,7 +189,10 @@ class LossScaler:
         init_scale: Initial scale, a number in (0, 2**127].
         mode: ``'dynamic'`` or ``'static'``.
         scale_factor: Factor of growth and backoff (> 1).
-        scale_window: Clean iterations between growths (>= 1).
+        scale_window: Clean iterations between growths: a whole number >= 1
+            (``2.0`` is taken as ``2``, as mmcv takes it; a window with a
+            fraction, which mmcv would silently stretch, ``2.5`` to every 5
+            iterations, is a ValueError).
 
     Example:
         >>> scaler = LossScaler(init_scale=512., mode='static')
@@ -207,16 +211,13 @@ class LossScaler:
         if scale_factor <= 1 and mode == 'dynamic':
             raise ValueError(
                 f'LossScaler scale_factor must be > 1 in dynamic mode, got {scale_factor}.')
-        if isinstance(scale_window, bool) or not isinstance(scale_window, int) or (
-                scale_window < 1):
-            raise ValueError(
-                f'LossScaler scale_window must be an int >= 1, got {scale_window!r}.')
+        window = check_window(scale_window, 'LossScaler', 'scale_window')
         self.cur_scale = float(init_scale)
         self.cur_iter = 0
         self.mode = mode
         self.last_overflow_iter = -1
         self.scale_factor = float(scale_factor)
-        self.scale_window = scale_window
+        self.scale_window = window
 
     @property
     def loss_scale(self) -> float:
@@ -271,6 +272,20 @@ class LossScaler:
         """
         return _check([g for p in params if (g := p.grad) is not None],
                       1.0 / self.cur_scale, True)
+
+    @staticmethod
+    def _has_inf_or_nan(x: torch.Tensor) -> bool:
+        """Whether ``x`` holds an inf or a nan (mmcv's helper; one fused check, one sync).
+
+        A static method, so both ``LossScaler._has_inf_or_nan(t)`` (as mmcv
+        calls it) and ``scaler._has_inf_or_nan(t)`` work.
+
+        Example:
+            >>> import torch
+            >>> LossScaler._has_inf_or_nan(torch.tensor([1., float('nan')]))
+            True
+        """
+        return _check([x.detach()], None, True)
 
     def update_scale(self, overflow: bool) -> None:
         """Advance one iteration and adjust the scale (dynamic mode only).
@@ -327,7 +342,11 @@ class LossScaler:
         check_scaler_state(state_dict, 'LossScaler.load_state_dict()')
         for key in MMCV_STATE_KEYS:
             value = state_dict[key]
-            setattr(self, key, float(value) if key in ('cur_scale', 'scale_factor') else value)
+            if key in ('cur_scale', 'scale_factor'):
+                value = float(value)
+            elif key != 'mode':  # whole numbers, possibly saved as floats (2.0)
+                value = as_whole(value)
+            setattr(self, key, value)
 
     def __repr__(self) -> str:
         return (f'LossScaler(cur_scale={self.cur_scale}, mode={self.mode!r}, '

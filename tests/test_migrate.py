@@ -1206,7 +1206,7 @@ def test_import_migrate_leaves_torch_out_of_a_fresh_interpreter():
 
 
 @pytest.mark.parametrize('loss_scale, needle', [
-    (dict(mode='dynamic', scale_window=0), 'growth_interval (scale_window) must be an int >= 1'),
+    (dict(mode='dynamic', scale_window=0), '(scale_window) must be a whole number >= 1'),
     (dict(init_scale=float('inf')), 'init_scale must be a finite number > 0'),
     (dict(growth_factor=2.0, backoff_factor=2.0), 'backoff_factor'),
 ])

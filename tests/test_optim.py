@@ -342,7 +342,10 @@ def test_bfloat16_does_no_loss_scaling(backend):
     wrapper = amp(model, backend, dtype='bfloat16', loss_scale=512.0)
     train(wrapper, model, R.make_data(2))
     assert wrapper.loss_scale == 1.0
-    assert wrapper.state_dict()['loss_scaler'] == {}
+    # Saved in GradScaler's keys (an enabled GradScaler refuses {}): the configured scale.
+    assert wrapper.state_dict()['loss_scaler'] == {
+        'scale': 512.0, 'growth_factor': 2.0, 'backoff_factor': 0.5, 'growth_interval': 2000,
+        '_growth_tracker': 0}
     assert wrapper.scale_history == [] and wrapper.skipped_steps == 0
     if backend == 'native':
         assert not wrapper.loss_scaler.is_enabled()
@@ -510,7 +513,7 @@ def test_old_torch_defaults_to_legacy(torch_1_5):
     ([512.0], 'got list'),
     (dict(init_scale=8.0, window=3), "unknown key(s) ['window']"),
     (dict(growth_factor=0.5), 'growth_factor (scale_factor) > 1'),
-    (dict(growth_interval=0), 'growth_interval (scale_window) must be an int >= 1'),
+    (dict(growth_interval=0), 'growth_interval (scale_window) must be a whole number >= 1'),
     (dict(mode='sometimes'), "mode must be 'dynamic' or 'static'"),
     (dict(init_scale=-3), 'init_scale must be a finite number > 0'),
     (dict(scale_factor=2.0, growth_factor=2.0), 'give only one of them'),

@@ -135,7 +135,7 @@ def test_submodules_stay_reachable_as_attributes_and_unknown_names_fail():
 #: counts as that package), never from its own layer or a higher one. Not on disk yet
 #: is fine (engine, _spec, the integrations); on disk but not here fails the test.
 LAYERS: list[set[str]] = [
-    {'_limits'},
+    {'_limits', '_whole', '_weak'},
     {'_torch', '_spec'},
     {'precision'},
     {'cast'},
@@ -146,11 +146,12 @@ LAYERS: list[set[str]] = [
     {'debug'},
     {'engine'},
     {'optim', 'runner_hook'},
+    {'hook_api'},
     {'hooks'},
     {'followers'},
     {'mmcv', 'mmengine'},
     {'migrate'},
-    {'demo'},
+    {'demo', '_script'},
     {'cli'},
     {'__main__'},
 ]
@@ -198,22 +199,33 @@ def is_stdlib(module: str) -> bool:
 
 #: Modules below ``_spec`` that import the standard library only, as ``_spec`` does:
 #: ``_spec`` may import them and stay importable without torch.
-STDLIB_HELPERS = {'_limits'}
+STDLIB_HELPERS = {'_limits', '_whole'}
 
 
 def stdlib_only(name: str, path: Path, allowed: frozenset = frozenset()) -> bool:
     return all(is_stdlib(module) or module in allowed for _, module, _ in imports_of(name, path))
 
 
+def stdlib_shared(top: str, modules: dict[str, Path]) -> set[str]:
+    """The bottom modules that migrate may import: those that need the standard library only.
+
+    Each of :data:`STDLIB_HELPERS` that imports the standard library only; ``_spec``
+    when it imports that and those helpers.
+    """
+    shared = {h for h in STDLIB_HELPERS if f'{top}.{h}' in modules
+              and stdlib_only(f'{top}.{h}', modules[f'{top}.{h}'])}
+    spec = modules.get(f'{top}._spec')
+    if spec is not None and stdlib_only(f'{top}._spec', spec,
+                                        frozenset(f'{top}.{h}' for h in shared)):
+        shared.add('_spec')
+    return shared
+
+
 def layering_errors(package: Path) -> list[str]:
     """Every import inside ``package`` that breaks the layering, one line each."""
     top = package.name
     modules = package_modules(package)
-    spec = modules.get(f'{top}._spec')
-    helpers = frozenset(f'{top}.{h}' for h in STDLIB_HELPERS if f'{top}.{h}' in modules
-                        and stdlib_only(f'{top}.{h}', modules[f'{top}.{h}']))
-    spec_ok = spec is not None and stdlib_only(f'{top}._spec', spec, helpers)
-    migrate_may_import = {'migrate', '_spec'} if spec_ok else {'migrate'}
+    migrate_may_import = {'migrate'} | stdlib_shared(top, modules)
     on_disk = {m.split('.')[1] for m in modules if m != top}
     errors = []
     for name, path in modules.items():
@@ -333,11 +345,8 @@ def test_layering_check_allows_downward_and_internal_imports(tmp_path):
 
 def test_migrate_imports_the_standard_library_and_itself_only():
     modules = package_modules(ROOT / 'fp16utils')
-    spec = modules.get('fp16utils._spec')
-    helpers = frozenset(f'fp16utils.{h}' for h in STDLIB_HELPERS)
-    allowed = ('fp16utils.migrate',) + (('fp16utils._spec',)
-                                        if spec and stdlib_only('fp16utils._spec', spec, helpers)
-                                        else ())
+    allowed = ('fp16utils.migrate',) + tuple(
+        f'fp16utils.{name}' for name in sorted(stdlib_shared('fp16utils', modules)))
     found = [(name, line, module, imported)
              for name, path in modules.items() if name.startswith('fp16utils.migrate')
              for line, module, imported in imports_of(name, path)

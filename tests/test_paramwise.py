@@ -255,7 +255,10 @@ def test_full_precision_dtypes_run_without_autocast_or_scaling(dtype):
     assert out.dtype == param_dtype
     before = [p.detach().clone() for p in model.parameters()]
     wrapper.update_params(out.sum())
-    assert wrapper.loss_scale == 1.0 and wrapper.state_dict()['loss_scaler'] == {}
+    assert wrapper.loss_scale == 1.0  # the state saved says what a scaled run would start at:
+    assert wrapper.state_dict()['loss_scaler'] == dict(
+        scale=2.0**16, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000,
+        _growth_tracker=0)
     assert any(not torch.equal(b, p) for b, p in zip(before, model.parameters()))
 
 

@@ -71,9 +71,10 @@ def grad_scaler_found_inf(scaler: Any, optimizer: Any) -> dict[Any, torch.Tensor
 class _ObservedScaler:
     """Mixin for a GradScaler: counts the state changes made from outside fp16utils.
 
-    ``load_state_dict`` and ``update(new_scale)`` bump ``_fp16utils_changes``,
-    so an owner that mirrors the scale on the host (to read it without a
-    device sync) can tell that its mirror is stale. fp16utils makes its own
+    ``load_state_dict`` and ``update`` (with or without ``new_scale``: code that
+    drives the scaler itself, as a 0.x hook's own ``after_train_iter`` does) bump
+    ``_fp16utils_changes``, so an owner that mirrors the scale on the host (to
+    read it without a device sync) can tell that its mirror is stale. fp16utils makes its own
     calls through :func:`quiet_grad_scaler_update` / :func:`quiet_grad_scaler_load`.
     A pickled or deep-copied scaler is a plain GradScaler again.
     """
@@ -93,8 +94,7 @@ class _ObservedScaler:
             value = new_scale.item() if isinstance(new_scale, torch.Tensor) else new_scale
             self._fp16utils_check(dict(self.state_dict(), scale=value))  # type: ignore
         super().update(new_scale)  # type: ignore[misc]
-        if new_scale is not None:
-            self._fp16utils_changes += 1
+        self._fp16utils_changes += 1
 
     def _fp16utils_plain_state(self) -> dict[str, Any]:
         state = self.__getstate__()  # type: ignore[misc]
@@ -155,7 +155,7 @@ def observe_grad_scaler(scaler: Any, check: Any = None) -> Any:
 
 
 def grad_scaler_changes(scaler: Any) -> int:
-    """How many outside ``load_state_dict`` / ``update(new_scale)`` calls ``scaler`` had."""
+    """How many outside ``load_state_dict`` / ``update`` calls ``scaler`` had."""
     return getattr(scaler, '_fp16utils_changes', 0)
 
 

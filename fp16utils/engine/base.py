@@ -147,6 +147,8 @@ class StepEngine:
     Attributes:
         grad_norm: The total norm of the last norm-clipped step (a 0-dim tensor).
         clip_params: What to clip (None: the optimizer's parameters).
+        clip_fn: Clips instead of the configured clipping when set (a 0.x hook's
+            overridden ``clip_grads(params)``); returns the total norm or None.
         logger: Where skipped steps are reported (anything with ``warning(str)``).
         agree_across_ranks: Whether ranks agree on a skip (see :mod:`.ranks`):
             None (default: when the world size is > 1), True, False or a group.
@@ -158,6 +160,7 @@ class StepEngine:
     def __init__(self, clip: Optional[Clip] = None, nonfinite: str = 'ignore') -> None:
         self.clip = clip
         self.clip_params: Optional[List[_Tensor]] = None
+        self.clip_fn: Optional[Callable[[List[_Tensor]], Any]] = None
         self.grad_norm: Optional[_Tensor] = None
         self.nonfinite = nonfinite
         self.skipped_steps = 0
@@ -217,7 +220,8 @@ class StepEngine:
         if clip is None:
             return
         params = self.clip_params
-        norm = _clip(flat_params(optimizer) if params is None else params, clip)
+        params = flat_params(optimizer) if params is None else params
+        norm = _clip(params, clip) if self.clip_fn is None else self.clip_fn(params)
         if norm is not None:
             self.grad_norm = norm
 
@@ -334,7 +338,7 @@ class StepEngine:
     # -- state ------------------------------------------------------------------------------
 
     def state_dict(self) -> Dict[str, Any]:
-        """The scaler state (empty when nothing is scaled)."""
+        """The scaler state (empty here: this engine has no scaler)."""
         return {}
 
     def stats(self) -> Dict[str, Any]:

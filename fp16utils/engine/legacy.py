@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from .. import _torch
-from .._spec import ScaleSpec, grad_scaler_to_mmcv_state, nonfinite_error
+from .._spec import ScaleSpec, grad_scaler_to_mmcv_state, mmcv_to_grad_scaler_state, nonfinite_error
 from ..scaler import LossScaler, non_finite_check_
 from . import ranks
 from .base import Clip, StepEngine, flat_params
@@ -147,6 +147,20 @@ class LegacyEngine(StepEngine):
                 'model is converted to half), or remove the group. Nothing was changed.')
         self._adopt(optimizer, added)
 
+    def adopt_scaler(self, scaler: Any) -> None:
+        """Decide skips and scales with ``scaler``, an mmcv-style LossScaler made elsewhere."""
+        if not (all(callable(getattr(scaler, name, None))
+                    for name in ('update_scale', 'state_dict', 'load_state_dict'))
+                and hasattr(scaler, 'cur_scale') and hasattr(scaler, 'mode')):
+            raise TypeError(
+                f"{self._owner}: the legacy backend scales with an mmcv LossScaler "
+                f'(cur_scale, mode, update_scale, state_dict); got {type(scaler).__name__}. '
+                "Give a LossScaler (or backend='native' for a torch GradScaler).")
+        self.loss_scaler = scaler
+        if self.enabled:
+            self._note_scale(self.scale_history[-1][0] if self.scale_history else 0,
+                             float(scaler.cur_scale))
+
     @property
     def loss_scale(self) -> float:
         return self.loss_scaler.loss_scale if self.enabled else 1.0
@@ -272,7 +286,10 @@ class LegacyEngine(StepEngine):
             self._record(step, False, old, scaler.cur_scale)
 
     def state_dict(self) -> Dict[str, Any]:
-        return self.loss_scaler.state_dict() if self.enabled else {}
+        if self.enabled:
+            return self.loss_scaler.state_dict()
+        # Nothing scaled (bfloat16): GradScaler's keys, which an enabled GradScaler loads.
+        return mmcv_to_grad_scaler_state(self.loss_scaler.state_dict())[0]
 
     def checkpoint(self) -> Dict[str, Any]:
         return {**super().checkpoint(), 'master_params': self._masters}  # references

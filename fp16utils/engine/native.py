@@ -106,6 +106,28 @@ class NativeEngine(StepEngine):
             self._scaler = scaler
         return scaler
 
+    def adopt_scaler(self, scaler: Any) -> None:
+        """Scale with ``scaler``, a GradScaler made elsewhere, from now on (one sync).
+
+        Its state becomes the host mirror and it is watched like the engine's
+        own; a disabled one turns scaling off, as it would in plain torch.
+        """
+        if not all(callable(getattr(scaler, name, None))
+                   for name in ('scale', 'unscale_', 'update', 'is_enabled', 'state_dict')):
+            raise TypeError(
+                f'The native backend scales with a torch GradScaler; got '
+                f"{type(scaler).__name__}, which lacks its methods. Give a GradScaler (or "
+                "backend='legacy' for an mmcv LossScaler).")
+        self.enabled = bool(scaler.is_enabled())
+        self._scaler, self._seen_changes = scaler, 0
+        if self.enabled:
+            self._set_mirror(scaler.state_dict())
+            self._min_scale = min(MIN_LOSS_SCALE, self._scale)
+            self._scaler = _torch.observe_grad_scaler(scaler, self._check_outside_state)
+            self._seen_changes = _torch.grad_scaler_changes(self._scaler)
+            self._note_scale(self.scale_history[-1][0] if self.scale_history else 0,
+                             self._scale)
+
     @property
     def loss_scale(self) -> float:
         if not self.enabled:
@@ -151,7 +173,10 @@ class NativeEngine(StepEngine):
         if changes == self._seen_changes:
             return
         self._seen_changes = changes
-        self._set_mirror(scaler.state_dict())
+        state = scaler.state_dict()
+        self._set_mirror(state)
+        if type(state['growth_interval']) is not int:  # 2.0: torch's update needs an int
+            _torch.quiet_grad_scaler_load(scaler, self._mirror())
         self._note_scale(self.scale_history[-1][0] if self.scale_history else 0, self._scale)
 
     def backward(self, loss: _Tensor, **kwargs: Any) -> None:
@@ -286,11 +311,22 @@ class NativeEngine(StepEngine):
             self._scale = grown
 
     def state_dict(self) -> Dict[str, Any]:
-        """``GradScaler.state_dict()``, built from the host mirror (no sync)."""
-        if not self.enabled:
-            return {}
+        """``GradScaler.state_dict()``, built from the host mirror (no sync).
+
+        Also when nothing is scaled (bfloat16, scaling disabled): then the state
+        of the scale the configuration would use, never ``{}``, which an enabled
+        GradScaler (MMEngine's, mmcv's on a GPU) refuses to load.
+        """
         self._follow_scaler()
         return self._mirror()
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        """After ``pickle``/``copy.deepcopy``: watch the (plain again) GradScaler as before."""
+        self.__dict__.update(state)
+        scaler = self._scaler
+        if scaler is not None and self.enabled:
+            self._scaler = _torch.observe_grad_scaler(scaler, self._check_outside_state)
+            self._seen_changes = _torch.grad_scaler_changes(self._scaler)
 
     def _mirror(self) -> Dict[str, Any]:
         return {

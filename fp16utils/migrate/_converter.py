@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any, Optional
 
 from .._spec import GRAD_SCALER_ARGS, is_number, is_positive_int, parse_loss_scale, positive_finite
+from .._whole import as_whole
 
 __all__ = ['ConfigConverter', 'wrapper_entries', 'wrapper_layout']
 
@@ -119,9 +120,9 @@ def _convert_loss_scale(value: Any, where: str, problems: list[str]) -> Any:
                     'are given; growth_interval was kept and scale_window dropped'
                 )
                 continue
-            out['growth_interval'] = val
-        elif key in GRAD_SCALER_ARGS:
-            out[key] = val
+            out['growth_interval'] = val if (whole := as_whole(val)) is None else whole
+        elif key in GRAD_SCALER_ARGS:  # 2.0 -> 2: GradScaler's update needs an int interval
+            out[key] = whole if key == 'growth_interval' and (whole := as_whole(val)) else val
         else:
             problems.append(
                 f'{where}.{key}: not an argument of mmcv LossScaler or torch GradScaler; '

@@ -17,7 +17,6 @@ import contextlib
 import functools
 import sys
 import threading
-import weakref
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 import torch
@@ -25,6 +24,7 @@ from torch import nn
 
 from .. import _torch
 from .._spec import check_cache_enabled, check_nonfinite_policy, parse_loss_scale
+from .._weak import CacheRef, CopiedEmptyWeakSet
 from ..cast import cast_tensor_type
 from ..engine import LegacyEngine, NativeEngine, OverflowGuard, ResumeState, flat_params
 from ..engine.ranks import check_setting
@@ -304,11 +304,11 @@ class AmpOptimWrapper(OptimWrapper):
         if model is not None:
             match_modules(model, fp32_modules, f'{owner}(fp32_modules=...)')
         self.fp32_modules = fp32_modules
-        self._fp32_done: Any = weakref.WeakSet()
+        self._fp32_done: Any = CopiedEmptyWeakSet()  # copies apply keep_fp32 again (idempotent)
         self.backend: str = _torch.backend_for(
             backend, params[0].device.type if params else 'cpu', self.dtype, model)
-        self._ctx_model: Optional[weakref.ref] = None
-        self._ctx_owner: Optional[weakref.ref] = None
+        self._ctx_model: Optional[CacheRef] = None
+        self._ctx_owner: Optional[CacheRef] = None
         self._ctx_name = ''
         self._model = model
         clip = self._engine.clip
@@ -437,13 +437,13 @@ class AmpOptimWrapper(OptimWrapper):
                     tensor = owner._buffers.get(self._ctx_name)
                 if tensor is not None:
                     return tensor.device.type
-        self._ctx_model = weakref.ref(model)
+        self._ctx_model = CacheRef(model)
         self._ctx_owner = None
         for kind in ('_parameters', '_buffers'):
             for module in model.modules():
                 for name, tensor in getattr(module, kind).items():
                     if tensor is not None:
-                        self._ctx_owner = weakref.ref(module)
+                        self._ctx_owner = CacheRef(module)
                         self._ctx_name = name
                         return tensor.device.type
         return self._param_device_type()

@@ -491,6 +491,20 @@ class OptimWrapper:
 
         return _Load(self.optimizer, state, rest)
 
+    def __getstate__(self) -> Dict[str, Any]:
+        # Tensors pickle without their .grad: keep the gradients being accumulated
+        # (references: pickled with the parameters they belong to).
+        state = self.__dict__.copy()
+        state['_grads'] = pending_grads(self._engine.grad_params(self.optimizer), copy=False)
+        return state
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        grads = state.pop('_grads', None)
+        self.__dict__.update(state)
+        if grads is not None:
+            for p, grad in zip(self._engine.grad_params(self.optimizer), grads):
+                p.grad = grad
+
     def __repr__(self) -> str:
         return (f'{type(self).__name__}(optimizer={type(self.optimizer).__name__}, '
                 f'accumulative_counts={self._window.counts}, '

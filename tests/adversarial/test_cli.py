@@ -387,7 +387,7 @@ def test_scan_output_to_a_closed_pipe_is_quiet(tmp_path):
     (['migrate', str(CONFIG), '--dtype', 'bfloat16'], '--dtype only applies with --amp'),
     (['demo', '--steps', '0'], 'is not >= 1'),
     (['demo', '--steps', 'many'], 'is not an integer'),
-    (['demo', '--seed', '1.5'], 'invalid int value'),
+    (['demo', '--seed', '1.5'], 'is not an integer'),
     (['bench', '../tests/conftest'], 'not a benchmark name'),
     (['bench', '/etc/passwd'], 'not a benchmark name'),
     (['bench', 'no_such_bench'], 'no such benchmark'),

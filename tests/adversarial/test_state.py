@@ -401,7 +401,7 @@ def test_the_scale_stops_at_a_finite_ceiling(backend):
     INF, NAN, 0, -1, True, 1e308, 'bogus', dict(init_scale=INF), dict(init_scale=NAN),
     dict(init_scale=0), dict(init_scale=-1.0), dict(init_scale=True), dict(init_scale=1e300),
     dict(mode='bogus'), dict(scale_factor=1), dict(scale_window=0), dict(growth_interval=-1),
-    dict(growth_interval=2.0), dict(growth_factor=0.5), dict(backoff_factor=1.0),
+    dict(growth_interval=2.5), dict(growth_factor=0.5), dict(backoff_factor=1.0),
 ])
 @pytest.mark.parametrize('backend', BACKENDS)
 def test_a_bad_loss_scale_is_refused_by_the_wrapper_and_nothing_changes(backend, loss_scale):
@@ -468,7 +468,7 @@ def test_the_handed_out_grad_scaler_still_pickles_and_deep_copies():
     (dict(init_scale=True), 'init_scale'), (dict(init_scale=1e308), 'init_scale'),
     (dict(init_scale='8'), 'init_scale'), (dict(mode='bogus'), 'mode'),
     (dict(scale_factor=1), 'scale_factor'), (dict(scale_factor=INF), 'scale_factor'),
-    (dict(scale_window=0), 'scale_window'), (dict(scale_window=2.0), 'scale_window'),
+    (dict(scale_window=0), 'scale_window'), (dict(scale_window=2.5), 'scale_window'),
     (dict(scale_window=True), 'scale_window'),
 ])
 def test_loss_scaler_refuses_bad_arguments_naming_them(kwargs, name):

@@ -26,6 +26,10 @@ from mmdet.models import build_detector  # noqa: E402
 import fp16utils  # noqa: E402
 import fp16utils.mmcv  # noqa: E402
 
+#: The loss-scaler state saved by a run that scaled nothing, configured with loss_scale=512.
+UNSCALED_512 = dict(scale=512.0, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000,
+                    _growth_tracker=0)
+
 
 @pytest.fixture(scope='module')
 def coco(tmp_path_factory):
@@ -105,7 +109,9 @@ def test_retinanet_bfloat16_trains_without_loss_scaling(coco, tmp_path, probe):
     assert run[0]['hook'].dtype == torch.bfloat16
     assert {r['scale'] for r in run} == {1.0}  # bfloat16 has float32's range
     assert went_down(run)
-    assert load_meta(tmp_path / 'epoch_4.pth')['fp16']['loss_scaler'] == {}
+    # Nothing scaled, and the state saved is what a scaled run would start from, in
+    # GradScaler's keys (mmcv's own hook on a GPU refuses an empty one).
+    assert load_meta(tmp_path / 'epoch_4.pth')['fp16']['loss_scaler'] == UNSCALED_512
 
 
 def test_resumes_a_checkpoint_written_by_mmcvs_own_hook(coco, tmp_path, probe, monkeypatch):
@@ -285,6 +291,7 @@ def test_fp16utils_run_trains_mmdet_tools_train_py_in_bfloat16(coco, tmp_path):
                          '--no-validate', cwd=tmp_path, log=log)
     assert proc.returncode == 0, proc.stderr[-3000:]
     fp16 = load_meta(tmp_path / 'work' / 'epoch_1.pth')['fp16']
-    assert fp16['loss_scaler'] == {}  # bfloat16: no loss scaling, whatever the config says
+    assert fp16['loss_scaler'] == UNSCALED_512  # bfloat16: no loss scaling, whatever the
+    # config says; the state is what a float16 run of the config would start from
     assert fp16['stats']['skipped_steps'] == 0  # 'stats': written by fp16utils' hook only
     assert not log.exists(), log.read_text()

@@ -1,0 +1,429 @@
+"""What mmcv 1.x's optimizer hooks give their subclasses, for the 0.x fp16 hooks.
+
+0.x codebases subclass mmcv's ``Fp16OptimizerHook`` and override
+``after_train_iter`` with a copy of mmcv's body that calls ``self.clip_grads``,
+``self.loss_scaler.scale(...)``, ``self._scale_update_param``,
+``self.copy_grads_to_fp32`` and so on. :class:`OptimizerHookApi` stands where
+mmcv's ``OptimizerHook`` stands, between the runner's ``Hook`` and
+:class:`~fp16utils.Fp16OptimizerHook`, and gives those names with mmcv's
+signatures and meaning; :class:`CumulativeHookApi` gives what mmcv's
+``GradientCumulativeOptimizerHook`` adds. The helpers of mmcv's ``Hook``
+(``every_n_iters``, ``is_last_iter``, ...) come from the base
+(:class:`~fp16utils.runner_hook.RunnerHook`, or mmcv's ``Hook`` itself).
+
+A subclass whose ``__init__`` sets mmcv's attributes itself instead of calling
+``super().__init__`` (``self.grad_clip = ...``, ``self.loss_scaler =
+GradScaler(...)``) works too: the hook sets itself up from them when first used.
+
+Example:
+    >>> import torch
+    >>> from fp16utils import Fp16OptimizerHook
+    >>> hook = Fp16OptimizerHook(grad_clip=dict(max_norm=1.0))
+    >>> p = torch.nn.Parameter(torch.ones(4)); p.grad = torch.ones(4)
+    >>> float(hook.clip_grads([p])), round(float(p.grad.norm()), 4)  # the norm before, after
+    (2.0, 1.0)
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import logging
+import sys
+from typing import Any, Dict, Iterable, List, Optional, Sequence
+
+import torch
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from . import _torch
+from ._spec import parse_clip_grad
+from .runner_hook import RunnerHook
+
+__all__ = ['CumulativeHookApi', 'OptimizerHookApi', 'follow_mmcv', 'set_base']
+
+logger = logging.getLogger('fp16utils')
+
+
+class OptimizerHookApi(RunnerHook):
+    """mmcv's ``OptimizerHook`` / ``Fp16OptimizerHook`` API, for the hooks' subclasses.
+
+    The base of :class:`~fp16utils.Fp16OptimizerHook`. Its own base is this
+    package's plain runner hook, or ``mmcv.runner.Hook`` once mmcv's runner is
+    imported (see :mod:`fp16utils.hooks`).
+
+    Attributes:
+        grad_clip: The clipping settings (None, ``dict(max_norm=..., norm_type=2)``
+            or ``dict(type='value', clip_value=...)``); checked when set. Setting it
+            (or changing the dict in place) takes effect at the next update, as
+            mmcv reads it at each one.
+        detect_anomalous_params: mmcv's ``OptimizerHook`` flag (False); when
+            True, each iteration first logs the parameters that the loss does
+            not depend on (:meth:`detect_anomalous_parameters`).
+        loss_scaler: The ``torch.amp.GradScaler`` (native backend) or
+            :class:`~fp16utils.LossScaler` (legacy backend) the hook scales with,
+            from :meth:`before_run` on; assigning one (as an mmcv-style
+            ``__init__`` does) makes the hook scale with it.
+        _scale_update_param: What mmcv's hook passes to ``loss_scaler.update``:
+            the scale for a static ``loss_scale``, else None.
+
+    Example:
+        >>> from fp16utils import Fp16OptimizerHook
+        >>> Fp16OptimizerHook(loss_scale=512.)._scale_update_param
+        512.0
+        >>> Fp16OptimizerHook(loss_scale='dynamic')._scale_update_param is None
+        True
+    """
+
+    detect_anomalous_params = False
+
+    # -- a subclass whose __init__ does not call ours ----------------------------------------
+
+    def __getattr__(self, name: str) -> Any:
+        # Reached only for an attribute not found: on a hook whose subclass __init__ set
+        # mmcv's attributes without calling super().__init__, set up from them, once.
+        state = self.__dict__
+        if name.startswith('__') or state.get('_set_up') or state.get('_setting_up'):
+            raise AttributeError(f'{type(self).__name__!r} object has no attribute {name!r}')
+        state['_setting_up'] = True
+        try:
+            self._set_up_from_attributes()
+        finally:
+            state.pop('_setting_up', None)
+        return object.__getattribute__(self, name)
+
+    def _set_up_from_attributes(self) -> None:
+        """Run this package's ``__init__`` with what an mmcv-style ``__init__`` set.
+
+        ``grad_clip``, ``coalesce``, ``bucket_size_mb``, ``distributed`` and
+        ``_scale_update_param`` as set; an assigned ``loss_scaler`` is kept (an
+        mmcv ``LossScaler`` picks the legacy backend). The first ``__init__`` of
+        this package along the class's MRO runs (the patched mmcv classes' too).
+        """
+        state = self.__dict__
+        given = state.get('_given_scaler')
+        update = state.get('_scale_update_param')
+        kwargs: Dict[str, Any] = dict(
+            grad_clip=state.get('_grad_clip'), coalesce=state.get('coalesce', True),
+            bucket_size_mb=state.get('bucket_size_mb', -1),
+            distributed=state.get('distributed', True),
+            loss_scale=update if update is not None else _loss_scale_of(given))
+        if given is not None and hasattr(given, 'update_scale'):
+            kwargs['backend'] = 'legacy'
+        kwargs.update(self._set_up_arguments())
+        init = next(cls.__dict__['__init__'] for cls in type(self).__mro__
+                    if '__init__' in cls.__dict__ and cls.__module__.startswith('fp16utils.'))
+        init(self, **kwargs)
+
+    def _set_up_arguments(self) -> Dict[str, Any]:
+        """More ``__init__`` arguments for :meth:`_set_up_from_attributes` (subclasses')."""
+        return {}
+
+    def __getstate__(self) -> Dict[str, Any]:
+        # Tensors pickle without their .grad: keep the gradients of an unfinished
+        # accumulation window (references: pickled with their parameters).
+        state = self.__dict__.copy()
+        engine, optimizer = state.get('_engine'), state.get('_optimizer')
+        if engine is not None and optimizer is not None:
+            state['_grads'] = [p.grad for p in engine.grad_params(optimizer)]
+        return state
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        grads = state.pop('_grads', None)
+        self.__dict__.update(state)
+        if grads is not None:
+            for p, grad in zip(state['_engine'].grad_params(state['_optimizer']), grads):
+                p.grad = grad
+
+    # -- grad_clip and clip_grads ------------------------------------------------------------
+
+    @property
+    def grad_clip(self) -> Optional[dict]:
+        """The clipping settings (None: no clipping)."""
+        return self.__dict__.get('_grad_clip')
+
+    @grad_clip.setter
+    def grad_clip(self, value: Optional[dict]) -> None:
+        clip = parse_clip_grad(value, type(self).__name__)  # refused: nothing changes
+        settings = None if value is None else dict(value)
+        self.__dict__.update(_grad_clip=settings, _grad_clip_seen=_snapshot(settings),
+                             _clip=clip)
+        engine = self.__dict__.get('_engine')
+        if engine is not None:
+            engine.clip = clip
+
+    def _refresh_clip(self) -> None:
+        """Take a ``grad_clip`` dict changed in place (mmcv reads it at each update)."""
+        settings = self.__dict__.get('_grad_clip')
+        if settings != self.__dict__.get('_grad_clip_seen'):
+            self.grad_clip = settings
+
+    def clip_grads(self, params: Iterable[Any]) -> Optional[torch.Tensor]:
+        """Clip the gradients of ``params`` as ``grad_clip`` says (mmcv's ``clip_grads``).
+
+        The parameters that require a gradient and have one are clipped
+        together. The hook's own update calls this method (on the model's
+        parameters on the native backend, on the float32 master weights on the
+        legacy one), so a subclass that overrides it changes the clipping.
+
+        Args:
+            params: Parameters (e.g. ``runner.model.parameters()``).
+
+        Returns:
+            The total norm before clipping (a 0-dim tensor) when clipping by
+            norm, None when clipping by value or when no parameter has a gradient.
+
+        Raises:
+            TypeError: ``grad_clip`` is None (mmcv calls ``clip_grads`` only
+                when it is set).
+
+        Example:
+            >>> import torch
+            >>> from fp16utils import Fp16OptimizerHook
+            >>> hook = Fp16OptimizerHook(grad_clip=dict(type='value', clip_value=0.5))
+            >>> p = torch.nn.Parameter(torch.ones(2)); p.grad = torch.full((2,), 3.0)
+            >>> hook.clip_grads([p]), p.grad.tolist()
+            (None, [0.5, 0.5])
+        """
+        owner = type(self).__name__
+        clip = parse_clip_grad(self.grad_clip, owner)
+        if clip is None:
+            raise TypeError(f'{owner}.clip_grads(): grad_clip is None, so there is nothing to '
+                            'clip with; set grad_clip=dict(max_norm=..., norm_type=2) (mmcv '
+                            'calls clip_grads only when grad_clip is set).')
+        chosen = [p for p in params if p.requires_grad and p.grad is not None]
+        if not chosen:
+            return None
+        kind, kwargs = clip
+        if kind == 'norm':
+            return _torch.clip_grad_norm_(chosen, **kwargs)
+        _torch.clip_grad_value_(chosen, **kwargs)
+        return None
+
+    def _clip_override(self) -> Any:
+        """``self.clip_grads`` when a subclass overrides it (the engine then clips with it)."""
+        return None if type(self).clip_grads is OptimizerHookApi.clip_grads else self.clip_grads
+
+    # -- the loss scaler ---------------------------------------------------------------------
+
+    @property
+    def loss_scaler(self) -> Any:
+        """The GradScaler (native) or LossScaler (legacy); None before :meth:`before_run`
+        unless one was assigned."""
+        engine = self.__dict__.get('_engine')
+        return self.__dict__.get('_given_scaler') if engine is None else engine.scaler
+
+    @loss_scaler.setter
+    def loss_scaler(self, scaler: Any) -> None:
+        engine = self.__dict__.get('_engine')
+        if engine is not None:
+            engine.adopt_scaler(scaler)  # checks it first: a refused one changes nothing
+        self.__dict__['_given_scaler'] = scaler
+
+    # -- mmcv's fp16 helpers -----------------------------------------------------------------
+
+    def copy_grads_to_fp32(self, fp16_net: nn.Module, fp32_weights: Iterable[Any]) -> None:
+        """Copy the gradients of ``fp16_net``'s parameters into ``fp32_weights`` (mmcv's).
+
+        Pairs them in order (``zip``, as mmcv does); a weight without a
+        gradient gets one; a parameter without a gradient is left out. On the
+        legacy backend the optimizer's parameters are the float32 master
+        weights, so ``copy_grads_to_fp32(runner.model, <the optimizer's
+        parameters>)`` fills the masters, as in mmcv. On the native backend the
+        optimizer holds the model's own parameters: a pair that is one tensor
+        is left alone, so the same call does nothing.
+
+        Args:
+            fp16_net: The (half) model.
+            fp32_weights: The float32 weights, in the order of ``fp16_net.parameters()``.
+
+        Example:
+            >>> import torch
+            >>> from fp16utils import Fp16OptimizerHook
+            >>> net = torch.nn.Linear(1, 1, bias=False).half()
+            >>> net.weight.grad = torch.full((1, 1), 2.0, dtype=torch.half)
+            >>> master = torch.nn.Parameter(torch.zeros(1, 1))
+            >>> Fp16OptimizerHook().copy_grads_to_fp32(net, [master])
+            >>> master.grad.dtype, master.grad.item()
+            (torch.float32, 2.0)
+        """
+        dst: List[torch.Tensor] = []
+        src: List[torch.Tensor] = []
+        for master, param in zip(fp32_weights, fp16_net.parameters()):
+            grad = param.grad
+            if grad is None or master is param:
+                continue
+            if master.grad is None:
+                master.grad = torch.empty_like(master)
+            dst.append(master.grad)
+            src.append(grad)
+        if dst:
+            _torch.foreach_copy_(dst, src)
+
+    def copy_params_to_fp16(self, fp16_net: nn.Module, fp32_weights: Iterable[Any]) -> None:
+        """Copy ``fp32_weights`` into ``fp16_net``'s parameters, in order (mmcv's).
+
+        The counterpart of :meth:`copy_grads_to_fp32` after the optimizer has
+        stepped the float32 weights; a pair that is one tensor is left alone.
+
+        Args:
+            fp16_net: The (half) model.
+            fp32_weights: The float32 weights, in the order of ``fp16_net.parameters()``.
+
+        Example:
+            >>> import torch
+            >>> from fp16utils import Fp16OptimizerHook
+            >>> net = torch.nn.Linear(1, 1, bias=False).half()
+            >>> Fp16OptimizerHook().copy_params_to_fp16(net, [torch.full((1, 1), 0.5)])
+            >>> net.weight.dtype, net.weight.item()
+            (torch.float16, 0.5)
+        """
+        pairs = [(p, m) for p, m in zip(fp16_net.parameters(), fp32_weights) if p is not m]
+        if pairs:
+            with torch.no_grad():
+                _torch.foreach_copy_([p for p, _ in pairs], [m for _, m in pairs])
+
+    def detect_anomalous_parameters(self, loss: torch.Tensor, runner: Any) -> None:
+        """Log (at ERROR, on ``runner.logger``) the parameters ``loss`` does not depend on.
+
+        mmcv's debugging aid: a trainable parameter of ``runner.model`` that is
+        not in the autograd graph of ``loss`` was not used in the forward, or
+        not for the loss. Run by the hook each iteration when
+        :attr:`detect_anomalous_params` is True.
+
+        Args:
+            loss: The loss, before its backward.
+            runner: Has ``model`` and ``logger``.
+        """
+        in_graph = set()
+        seen = set()
+        stack = [loss.grad_fn]
+        while stack:
+            node = stack.pop()
+            if node is None or node in seen:
+                continue
+            seen.add(node)
+            variable = getattr(node, 'variable', None)
+            if variable is not None:
+                in_graph.add(variable)
+            stack.extend(parent for parent, _ in node.next_functions)
+        log = getattr(runner, 'logger', None) or logging.getLogger('fp16utils')
+        for name, param in runner.model.named_parameters():
+            if param.requires_grad and param not in in_graph:
+                log.log(logging.ERROR,
+                        f'{name} with shape {param.size()} is not in the computational graph '
+                        'of the loss (unused in the forward, or not used for the loss)')
+
+
+class CumulativeHookApi:
+    """What mmcv's ``GradientCumulativeOptimizerHook`` adds to the API, for subclasses.
+
+    ``cumulative_iters``, ``divisible_iters``, ``remainder_iters``,
+    ``initialized`` and ``_init(runner)`` are on
+    :class:`~fp16utils.GradientCumulativeFp16OptimizerHook` itself.
+
+    Example:
+        >>> from torch import nn
+        >>> from fp16utils import GradientCumulativeFp16OptimizerHook
+        >>> hook = GradientCumulativeFp16OptimizerHook(cumulative_iters=2)
+        >>> hook.has_batch_norm(nn.Sequential(nn.Conv2d(1, 1, 1), nn.BatchNorm2d(1)))
+        True
+    """
+
+    def has_batch_norm(self, module: nn.Module) -> bool:
+        """Whether ``module`` or any module inside it is a batch norm (mmcv's check)."""
+        return any(isinstance(m, _BatchNorm) for m in module.modules())
+
+    def _set_up_arguments(self) -> Dict[str, Any]:
+        return {'cumulative_iters': self.__dict__.get('cumulative_iters', 1)}
+
+    def _get_loss_factor(self, runner: Any) -> int:
+        """What the loss of iteration ``runner.iter`` is divided by (mmcv's name for it).
+
+        ``cumulative_iters``, or, in the last, shorter window when the total is
+        not a multiple of it, that window's length.
+        """
+        return self._window.divisor(runner.iter)  # type: ignore[attr-defined]
+
+
+def _loss_scale_of(scaler: Any) -> Any:
+    """The ``loss_scale`` argument that describes ``scaler`` (None: mmcv's default, 512)."""
+    if scaler is None:
+        return 512.
+    if hasattr(scaler, 'update_scale'):  # an mmcv LossScaler
+        return dict(init_scale=scaler.cur_scale, mode=scaler.mode,
+                    scale_factor=scaler.scale_factor, scale_window=scaler.scale_window)
+    return dict(init_scale=scaler.get_scale(), growth_factor=scaler.get_growth_factor(),
+                backoff_factor=scaler.get_backoff_factor(),
+                growth_interval=scaler.get_growth_interval(), enabled=scaler.is_enabled())
+
+
+def _snapshot(settings: Optional[dict]) -> Optional[dict]:
+    return None if settings is None else dict(settings)
+
+
+# -- mmcv's Hook as the base, once mmcv's runner is imported ---------------------------------
+
+#: The module that defines ``mmcv.runner.Hook`` (mmcv 0.x and 1.x; mmcv 2.x has none).
+_MMCV_HOOK_MODULE = 'mmcv.runner.hooks.hook'
+
+
+def set_base(base: Optional[type] = None) -> None:
+    """Make ``base`` (mmcv's ``Hook``; None: the plain base) the base of the hooks.
+
+    :class:`OptimizerHookApi`'s base changes, so both hook classes follow (they
+    derive from it), and so do hooks that users derive from them. Existing hook
+    objects follow too (``isinstance`` reads the class's bases).
+    """
+    base = RunnerHook if base is None else base
+    if OptimizerHookApi.__bases__ == (base,):
+        return
+    try:
+        OptimizerHookApi.__bases__ = (base,)
+    except TypeError as err:  # a user class that lists mmcv's Hook before ours
+        logger.warning('fp16utils hooks could not take %s.%s as their base (%s); mmcv '
+                       'runners will refuse them.', base.__module__, base.__qualname__, err)
+
+
+def follow_mmcv() -> None:
+    """Take ``mmcv.runner.Hook`` as the base if mmcv's hook module is imported; never import it."""
+    module = sys.modules.get(_MMCV_HOOK_MODULE)
+    base = getattr(module, 'Hook', None)
+    if isinstance(base, type) and base is not OptimizerHookApi.__bases__[0]:
+        set_base(base)
+
+
+class _LoaderThenFollow(importlib.abc.Loader):
+    """Loads mmcv's hook module with its own loader, then calls :func:`follow_mmcv`."""
+
+    def __init__(self, loader: Any) -> None:
+        self._loader = loader
+
+    def create_module(self, spec: Any) -> Any:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self._loader.exec_module(module)
+        follow_mmcv()
+
+    def __getattr__(self, name: str) -> Any:  # get_source, get_filename, ...: the real loader's
+        return getattr(self._loader, name)
+
+
+class _MmcvHookWatcher(importlib.abc.MetaPathFinder):
+    """Notices the import of mmcv's hook module (``sys.meta_path``); finds nothing else."""
+
+    def find_spec(self, fullname: str, path: Optional[Sequence[str]],
+                  target: Any = None) -> Any:
+        if fullname != _MMCV_HOOK_MODULE:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
+        if spec is None or not hasattr(spec.loader, 'exec_module'):
+            return None  # the other finders decide; hooks made later still follow mmcv
+        spec.loader = _LoaderThenFollow(spec.loader)
+        return spec
+
+
+follow_mmcv()
+if not any(isinstance(finder, _MmcvHookWatcher) for finder in sys.meta_path):
+    sys.meta_path.insert(0, _MmcvHookWatcher())
