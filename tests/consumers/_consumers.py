@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -106,6 +107,7 @@ def train(cfg_dict: Dict[str, Any], timestamp: str = 'run') -> Any:
     how much the checks depend on it).
     """
     import mmcv
+    import numpy as np
 
     cfg = mmcv.Config(cfg_dict)
     if cfg.model.type == 'EncoderDecoder':
@@ -116,7 +118,12 @@ def train(cfg_dict: Dict[str, Any], timestamp: str = 'run') -> Any:
         from mmdet.apis import train_detector as train_fn
         from mmdet.datasets import build_dataset
         from mmdet.models import build_detector as build_model
-    torch.manual_seed(int(os.environ.get('FP16UTILS_TIER_SEED', '0')))
+    # Every generator the codebases draw from (weights: torch; shuffling: numpy and
+    # random), so a run does not depend on what ran before it in the process.
+    seed = int(os.environ.get('FP16UTILS_TIER_SEED', '0'))
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
     model = build_model(cfg.model)
     model.init_weights()
     train_fn(model, [build_dataset(cfg.data.train)], cfg, timestamp=timestamp, meta=dict())
