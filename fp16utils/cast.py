@@ -19,6 +19,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from ._torch import is_compiling as _is_compiling
+
 __all__ = ['MAX_DEPTH', 'cast_tensor_type']
 
 _Tensor = torch.Tensor
@@ -98,11 +100,14 @@ _warned_types: set = set()
 class _Walk:
     """The containers open on the current path, for cycle and depth checks."""
 
-    __slots__ = ('open', 'cycles')
+    __slots__ = ('open', 'cycles', 'traced')
 
     def __init__(self) -> None:
         self.open: list = []      # id() of each container being walked, outermost first
         self.cycles: set = set()  # id() of the containers that an inner item refers back to
+        # Inside a dynamo trace containers are counted, not named (dynamo cannot take
+        # the id() of a list or tuple everywhere); a cycle there ends at MAX_DEPTH.
+        self.traced = _is_compiling()
 
 
 def _cast(obj: Any, src: Collection[torch.dtype], dst: torch.dtype,
@@ -131,8 +136,8 @@ def _cast(obj: Any, src: Collection[torch.dtype], dst: torch.dtype,
         return obj
     if walk is None:
         walk = _Walk()
-    key = id(obj)
-    if key in walk.open:  # a container that holds itself: its items are being cast above
+    key = 0 if walk.traced else id(obj)  # (no object has id 0)
+    if key and key in walk.open:  # a container that holds itself: its items are cast above
         walk.cycles.add(key)
         return obj
     if len(walk.open) >= MAX_DEPTH:
@@ -142,7 +147,7 @@ def _cast(obj: Any, src: Collection[torch.dtype], dst: torch.dtype,
     walk.open.append(key)
     out = rebuild(obj, src, dst, seen, walk)  # on an error the walk is dropped with it
     walk.open.pop()
-    if out is not obj and key in walk.cycles:
+    if key in walk.cycles and out is not obj:  # (cycles first: dynamo traces it)
         raise ValueError(
             f'cast_tensor_type() got a {type(obj).__name__} that contains itself and '
             'holds tensors to cast; a copy with cast tensors cannot keep the cycle, '

@@ -35,6 +35,7 @@ def _fresh_dynamo(monkeypatch):
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()
+    monkeypatch.undo()  # the environment back first: refresh() reads it now
     _torch.refresh()
 
 
@@ -122,38 +123,6 @@ def fullgraph():
 
 
 @functools.lru_cache(maxsize=None)
-def _unset_env_reason():
-    """Why dynamo cannot trace reading an unset environment variable (None: it can).
-
-    An unwrapped module's decorators ask for the process default backend, which
-    reads FP16UTILS_BACKEND on first use (after ``_torch.refresh()``).
-    """
-    import os
-
-    def read(x):
-        return x * 2 if os.environ.get('FP16UTILS_UNSET_PROBE') is None else x
-
-    try:
-        torch.compile(read, fullgraph=True, backend='eager')(torch.ones(1))
-    except Exception as err:  # noqa: BLE001
-        return ('torch.compile(fullgraph=True) cannot trace reading an unset environment '
-                'variable here (the first read of FP16UTILS_BACKEND): '
-                + str(err).splitlines()[0][:80])
-    finally:
-        torch._dynamo.reset()
-    return None
-
-
-@pytest.fixture
-def fullgraph_env():
-    """Skip unless dynamo traces the decorators' first read of the default backend."""
-    _require_fullgraph()
-    why = _unset_env_reason()
-    if why is not None:
-        pytest.skip(why)
-
-
-@functools.lru_cache(maxsize=None)
 def _export_autocast_reason():
     """Why torch.export cannot export a region under autocast (None: it can)."""
     class Probe(nn.Module):
@@ -209,7 +178,7 @@ def test_explain_reports_no_graph_breaks(dtype):
     assert explained.graph_count == 1
 
 
-@pytest.mark.usefixtures('fullgraph_env')
+@pytest.mark.usefixtures('fullgraph')
 def test_explain_class_flag_and_outer_autocast():
     model = ClassFlag()
     x, _ = _inputs()
@@ -364,8 +333,10 @@ class EnvFlag(nn.Module):
 @pytest.mark.usefixtures('fullgraph')
 def test_backend_env_is_followed_under_compile(monkeypatch, backend, dtype):
     # EnvFlag was not wrapped, so the decorator asks _torch for the process
-    # default, which reads FP16UTILS_BACKEND: compiled code must agree with eager.
+    # default, which refresh() reads from FP16UTILS_BACKEND (never the trace):
+    # compiled code must agree with eager.
     monkeypatch.setenv(_torch.BACKEND_ENV, backend)
+    _torch.refresh()
     model = EnvFlag()
     x, y = torch.randn(3, 4), torch.randn(4, 2)
     ref = model(x, y)
@@ -397,3 +368,85 @@ def test_compile_force_fp32_without_flag_under_autocast(dtype):
     loss, pred = torch.compile(step, fullgraph=True, backend='eager')(model, x, t)
     _same(pred, ref_pred)
     _same(loss, ref_loss)
+
+
+# ------------------------------------------- questions a trace meets unanswered
+
+
+@pytest.mark.usefixtures('fullgraph')
+def test_unprobed_autocast_pair_in_a_trace_lets_torch_decide(monkeypatch):
+    # A device/dtype pair nobody asked about before the trace (a device that came
+    # up after import, say): no probe runs inside the trace, torch.autocast itself
+    # decides, and no answer is kept (the next eager call probes for real).
+    keys = [('autocast', 'cpu', d) for d in (torch.float16, torch.bfloat16)]
+    for key in keys:
+        monkeypatch.delitem(_torch._probe_cache, key)
+    model = EnvFlag()
+    x, y = torch.randn(3, 4), torch.randn(4, 2)
+    explained = torch._dynamo.explain(model)(x, y)
+    assert explained.graph_break_count == 0, explained.break_reasons
+    torch._dynamo.reset()
+    out = torch.compile(model, fullgraph=True, backend='eager')(x, y)
+    assert all(key not in _torch._probe_cache for key in keys)
+    ref = model(x, y)
+    assert out.dtype == ref.dtype == torch.bfloat16
+    _same(out, ref)
+    assert _torch._probe_cache[keys[1]] is True
+
+
+@pytest.mark.usefixtures('fullgraph')
+def test_a_probe_reached_in_a_trace_answers_no_and_keeps_nothing(monkeypatch):
+    key = ('autocast', 'cpu', torch.bfloat16)
+    monkeypatch.delitem(_torch._probe_cache, key)
+
+    def scaled(x):
+        return x * 2 if _torch.autocast_supports('cpu', torch.bfloat16) else x
+
+    x = torch.ones(2)
+    assert torch.equal(torch.compile(scaled, fullgraph=True, backend='eager')(x), x)
+    assert key not in _torch._probe_cache
+    assert torch.equal(scaled(x), x * 2)  # eager: the real probe, kept
+    assert _torch._probe_cache[key] is True
+
+
+def test_a_bad_backend_in_the_environment_fails_compiled_calls_too(monkeypatch):
+    monkeypatch.setenv(_torch.BACKEND_ENV, 'apex')
+    _torch.refresh()  # decided now: the error is kept, the trace reads no environment
+    model = EnvFlag()
+    x, y = torch.randn(3, 4), torch.randn(4, 2)
+    with pytest.raises(ValueError, match=f"{_torch.BACKEND_ENV}='apex'"):
+        model(x, y)
+    with pytest.raises(ValueError, match=f"{_torch.BACKEND_ENV}='apex'"):
+        torch.compile(model, backend='eager')(x, y)
+    with pytest.raises(Exception, match='FP16UTILS_BACKEND|raised exception|ValueError'):
+        torch.compile(model, fullgraph=True, backend='eager')(x, y)
+
+
+@pytest.mark.usefixtures('fullgraph')
+def test_fp32_modules_left_for_a_compiled_first_context_is_a_clear_error(monkeypatch):
+    from fp16utils import AmpOptimWrapper, kept_fp32
+
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 4))
+    wrapper = AmpOptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1),
+                              dtype=torch.bfloat16, fp32_modules=['1'])
+
+    def forward(x):
+        with wrapper.optim_context(model):
+            return model(x)
+
+    # Older dynamo reports its own "Observed exception", without the message.
+    with pytest.raises((torch._dynamo.exc.TorchDynamoException, RuntimeError)):
+        torch.compile(forward, fullgraph=True, backend='eager')(torch.ones(2, 8))
+    assert kept_fp32(model) == []  # nothing applied inside the trace
+    with monkeypatch.context() as mp:  # what the trace raised
+        mp.setattr(_torch, 'is_compiling', lambda: True)
+        with pytest.raises(RuntimeError, match=r"fp32_modules=\['1'\].*model=model"):
+            wrapper.optim_context(model)
+    assert kept_fp32(model) == []
+    # Built with the model, the wrapper applies them at once: the trace has nothing to do.
+    wrapper = AmpOptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1),
+                              dtype=torch.bfloat16, fp32_modules=['1'], model=model)
+    assert kept_fp32(model) == ['1']
+    out = torch.compile(forward, fullgraph=True, backend='eager')(torch.ones(2, 8))
+    assert out.dtype == torch.float32
+    assert torch.equal(out, forward(torch.ones(2, 8)))

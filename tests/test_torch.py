@@ -183,6 +183,26 @@ def test_refresh_picks_up_env_change(monkeypatch, no_backend_env):
     assert _torch.default_backend() == 'native'
 
 
+def test_refresh_reads_the_environment_when_called(monkeypatch, no_backend_env):
+    # Decided eagerly (at import and by refresh()), so that a torch.compile trace
+    # only reads the answer: a change without refresh() is not seen.
+    monkeypatch.setenv(_torch.BACKEND_ENV, 'legacy')
+    _torch.refresh()
+    monkeypatch.delenv(_torch.BACKEND_ENV)
+    assert _torch.default_backend() == 'legacy'
+    _torch.refresh()
+    assert _torch.default_backend() == 'native'
+
+
+def test_refresh_keeps_a_bad_environment_for_the_first_use(monkeypatch, no_backend_env):
+    monkeypatch.setenv(_torch.BACKEND_ENV, 'apex')
+    assert _torch.refresh() is None  # refresh() itself does not raise
+    with pytest.raises(ValueError, match="FP16UTILS_BACKEND='apex'"):
+        _torch.default_backend()
+    monkeypatch.setenv(_torch.BACKEND_ENV, 'legacy')  # eager calls read it again
+    assert _torch.default_backend() == 'legacy'
+
+
 def test_refresh_then_version_change(monkeypatch, no_backend_env):
     assert _torch.default_backend() == 'native'
     monkeypatch.setattr(_torch, 'TORCH_VERSION', '1.4.0')

@@ -55,6 +55,7 @@ __all__ = [
     'digit_version',
     'group_by_device_and_dtype',
     'has_native_amp',
+    'is_compiling',
     'make_grad_scaler',
     'needs_loss_scaling',
     'refresh',
@@ -70,6 +71,8 @@ __all__ = [
     'quiet_grad_scaler_load',
     'quiet_grad_scaler_update',
     'reset_grad_scaler_step',
+    # eager decisions (warm.py)
+    'warm_device',
 ]
 
 #: The running torch version string, e.g. ``'2.13.0+cpu'``. Tests patch it.
@@ -91,8 +94,10 @@ _DTYPE_NAMES = {
     'bf16': torch.bfloat16,
 }
 
-# Caches, emptied by refresh(): the default backend; version -> has native AMP.
+# Caches, decided at import and again by refresh(): the default backend (or why the
+# environment names none); version -> has native AMP. A dynamo trace only reads them.
 _default: str | None = None
+_default_error: str | None = None
 _native_cache: dict[str, bool] = {}
 
 
@@ -152,6 +157,8 @@ def has_native_amp(version: str | None = None) -> bool:
     version = TORCH_VERSION if version is None else version
     cached = _native_cache.get(version)
     if cached is None:
+        if _is_compiling():  # no version parsing inside a trace: what compiles has AMP
+            return True
         cached = version != 'parrots' and (
             digit_version(version, length=3)[:3] >= _NATIVE_AMP_MIN[:3])
         _native_cache[version] = cached
@@ -192,31 +199,51 @@ def resolve_backend(backend: str | None = None) -> str:
 def default_backend() -> str:
     """The process-wide backend: env ``FP16UTILS_BACKEND``, else by torch version.
 
-    The environment is read on first use; call :func:`refresh` after changing
-    it (or :data:`TORCH_VERSION`) at run time.
+    Decided when :mod:`fp16utils._torch` is imported and again by
+    :func:`refresh`, so a ``torch.compile`` trace only reads the answer; call
+    :func:`refresh` after changing the environment (or :data:`TORCH_VERSION`)
+    at run time.
 
     Returns:
         ``'native'`` when torch has native AMP (and the environment does not ask
         for ``'legacy'``), else ``'legacy'``.
 
+    Raises:
+        ValueError: When ``FP16UTILS_BACKEND`` names no backend (or asks for
+            ``'native'`` on a torch without native AMP).
+
     Example:
         >>> default_backend() in ('native', 'legacy')
         True
     """
-    global _default
-    if _default is not None:
-        return _default
-    env = os.environ.get(BACKEND_ENV) or None
-    if env is not None:
-        env = env.strip().lower()
-        if env not in BACKENDS:
-            raise ValueError(
-                f'{BACKEND_ENV}={env!r} is not a backend; set it to one of {BACKENDS} '
-                'or unset it.')
-        backend = resolve_backend(env)
-    else:
-        backend = 'native' if has_native_amp() else 'legacy'
-    _default = backend
+    backend = _default
+    if backend is not None:
+        return backend
+    if _is_compiling():  # the environment is never read inside a trace
+        if _default_error is not None:
+            raise ValueError(_default_error)
+        return 'native' if has_native_amp() else 'legacy'  # not kept: refresh() decides
+    return _decide_default()
+
+
+def _decide_default() -> str:
+    """Read the environment and keep the default backend (or why there is none)."""
+    global _default, _default_error
+    try:
+        env = os.environ.get(BACKEND_ENV) or None
+        if env is not None:
+            env = env.strip().lower()
+            if env not in BACKENDS:
+                raise ValueError(
+                    f'{BACKEND_ENV}={env!r} is not a backend; set it to one of {BACKENDS} '
+                    'or unset it.')
+            backend = resolve_backend(env)
+        else:
+            backend = 'native' if has_native_amp() else 'legacy'
+    except ValueError as err:
+        _default_error = str(err)
+        raise
+    _default, _default_error = backend, None
     return backend
 
 
@@ -236,14 +263,18 @@ def backend_reason() -> str:
 
 
 def refresh() -> None:
-    """Forget cached decisions (after patching :data:`TORCH_VERSION` or the env).
+    """Decide again what depends on :data:`TORCH_VERSION` and the environment.
+
+    Call it after patching either; it reads them now (eagerly, so that a
+    ``torch.compile`` trace never has to).
 
     Example:
         >>> refresh()
     """
-    global _default
-    _default = None
+    global _default, _default_error
+    _default = _default_error = None
     _native_cache.clear()
+    _warm.decide()
 
 
 def resolve_dtype(dtype: Any, default: torch.dtype = torch.float16) -> torch.dtype:
@@ -319,10 +350,14 @@ def autocast_for(device_type: str, dtype: torch.dtype | None = None,
         if device_type == 'cuda':
             return torch.cuda.amp.autocast(enabled=enabled)
         return contextlib.nullcontext()
-    if dtype is not None and not autocast_supports(device_type, dtype):
-        # torch.autocast warns for such a pair (older torch raises on entry); off is
-        # what it would give, and the dtype of a disabled autocast does not matter.
-        return torch.autocast(device_type=device_type, enabled=False)
+    if dtype is not None:
+        ok = _probe_cache.get(('autocast', device_type, dtype))
+        if ok is None and not _is_compiling():  # in a trace, torch.autocast decides
+            ok = autocast_supports(device_type, dtype)
+        if ok is False:
+            # torch.autocast warns for such a pair (older torch raises on entry); off is
+            # what it would give, and the dtype of a disabled autocast does not matter.
+            return torch.autocast(device_type=device_type, enabled=False)
     extra = {} if cache_enabled is None else {'cache_enabled': cache_enabled}
     if dtype is None:
         return torch.autocast(device_type=device_type, enabled=enabled, **extra)
@@ -381,8 +416,13 @@ def call_autocast(device_type: str, dtype: torch.dtype | None, enabled: bool,
         _set_autocast_dtype(device_type, prev_dtype)
 
 
+# torch.compiler.is_compiling from torch 2.3; before it torch._utils.is_compiling, which
+# dynamo answers True while it traces (importing torch._dynamo here would cost seconds).
 _is_compiling: Callable[[], bool] = getattr(
-    getattr(torch, 'compiler', None), 'is_compiling', lambda: False)
+    getattr(torch, 'compiler', None), 'is_compiling', None) or getattr(
+    torch._utils, 'is_compiling', lambda: False)
+#: Whether dynamo is tracing (always False on a torch without torch.compile).
+is_compiling = _is_compiling
 # Bound once: call_autocast's eager path runs per decorated call (the per-device
 # functions exist from torch 2.4, the only torch that takes that path).
 _torch_function_mode: Callable[[], bool] = getattr(
@@ -543,6 +583,8 @@ def _cached_probe(kind: str, device_type: str, dtype: Any,
     key = (kind, device_type, dtype)
     ok = _probe_cache.get(key)
     if ok is None:
+        if _is_compiling():  # never probe inside a trace: "cannot", and nothing kept
+            return False
         with warnings.catch_warnings():
             warnings.simplefilter('ignore')
             try:
@@ -631,6 +673,7 @@ def _restore_autocast_state(device_type: str, state: tuple[bool, Any]) -> None:
 
 # The rest of the torch layer, one concern a module, re-exported here so that the
 # package reads ``_torch.name`` whatever module defines it.
+from . import warm as _warm  # noqa: E402
 from .caps import (  # noqa: E402
     LEVELS,
     autocast_norms_support,
@@ -665,3 +708,6 @@ from .state import (  # noqa: E402
     quiet_grad_scaler_update,
     reset_grad_scaler_step,
 )
+from .warm import warm_device  # noqa: E402
+
+_warm.warm_at_import()  # what a torch.compile trace reads is decided before any trace runs

@@ -203,6 +203,8 @@ def backend_for(backend: Optional[str], device_type: str, dtype: torch.dtype,
         >>> backend_for('legacy', 'cpu', torch.bfloat16)
         'legacy'
     """
+    # What the model's decorated forwards will ask per call, answered before any trace.
+    _core.warm_device(device_type)
     if dtype not in _core._LOW_PRECISION:  # full precision: nothing to cast or scale
         return 'native' if backend is None else _core.resolve_backend(backend)
     chosen = _core.resolve_backend(backend)

@@ -17,6 +17,7 @@ import contextlib
 import functools
 import sys
 import threading
+import uuid
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 import torch
@@ -24,7 +25,7 @@ from torch import nn
 
 from .. import _torch
 from .._spec import check_cache_enabled, check_nonfinite_policy, parse_loss_scale
-from .._weak import CacheRef, CopiedEmptyWeakSet
+from .._weak import CacheRef
 from ..cast import cast_tensor_type
 from ..engine import LegacyEngine, NativeEngine, OverflowGuard, ResumeState, flat_params
 from ..engine.ranks import check_setting
@@ -32,7 +33,7 @@ from ..keep import Fp32Modules, check_fp32_modules, keep_fp32, match_modules
 from ..precision import AUTO, auto_dtype
 from ..scaler import LossScaler
 from ..wrap import wrap_fp16_model
-from .wrapper import _NULL_CONTEXT, OptimWrapper
+from .wrapper import OptimWrapper
 
 __all__ = ['AmpOptimWrapper', 'deferred_model_conversion', 'resolve_cast_dtype']
 
@@ -228,11 +229,12 @@ class AmpOptimWrapper(OptimWrapper):
             times (see :mod:`fp16utils.engine.ranks`).
         fp32_modules: Submodules to run in float32 under autocast
             (:func:`fp16utils.keep_fp32`: name patterns such as
-            ``'roi_head.*'``, classes, class names), applied to the model at
-            the first :meth:`optim_context` (names relative to the model given
-            there, a DDP/DataParallel wrapper looked through) and checked
-            against ``model`` now when it is given. Legacy backend: applied
-            when the model is converted; those modules keep float32 weights.
+            ``'roi_head.*'``, classes, class names): applied to ``model`` now
+            when it is given, else to the model at the first
+            :meth:`optim_context` (names relative to the model given there, a
+            DDP/DataParallel wrapper looked through; that first context must
+            run outside ``torch.compile``). Legacy backend: applied when the
+            model is converted; those modules keep float32 weights.
 
     Attributes:
         dtype: The resolved dtype (float16 when ``dtype=None``).
@@ -304,7 +306,8 @@ class AmpOptimWrapper(OptimWrapper):
         if model is not None:
             match_modules(model, fp32_modules, f'{owner}(fp32_modules=...)')
         self.fp32_modules = fp32_modules
-        self._fp32_done: Any = CopiedEmptyWeakSet()  # copies apply keep_fp32 again (idempotent)
+        #: Marked on each model it has applied fp32_modules to (see _FP32_DONE).
+        self._fp32_token = uuid.uuid4().hex
         self.backend: str = _torch.backend_for(
             backend, params[0].device.type if params else 'cpu', self.dtype, model)
         self._ctx_model: Optional[CacheRef] = None
@@ -326,10 +329,13 @@ class AmpOptimWrapper(OptimWrapper):
                     "backend='native'." + (f' ({self.auto_reason})' if self.auto_reason else ''))
             self._engine = LegacyEngine(optimizer, spec, self.dtype, owner, nonfinite, clip)
             _convert_model(model, self.dtype, fp32_modules)
-            self._fp32_done.add(model)
+            _mark_fp32_done(model, self._fp32_token)
         else:
             self._engine = NativeEngine(spec, self.dtype, self._param_device_type, nonfinite,
                                         clip, owner=owner)
+            if model is not None and fp32_modules is not None:  # now: not inside a trace
+                keep_fp32(model, fp32_modules)
+                _mark_fp32_done(model, self._fp32_token)
         self._engine.agree_across_ranks = agree
         #: See :mod:`fp16utils.engine.ranks` (None: agree when the world size is > 1).
         self.agree_across_ranks = agree
@@ -403,7 +409,7 @@ class AmpOptimWrapper(OptimWrapper):
         else:
             inner = _CastIO(model, self.dtype)
         outer = super().optim_context(model)
-        context = inner if outer is _NULL_CONTEXT else _Both(outer, inner)
+        context = _Both(outer, inner) if self._skips_sync(model) else inner
         guard = self._guard
         if guard is not None and guard.armed:
             return _Both(_Guarded(guard, model), context)
@@ -411,14 +417,22 @@ class AmpOptimWrapper(OptimWrapper):
 
     def _first_context(self, model: nn.Module) -> None:
         """Log why 'auto' chose float32, once; apply fp32_modules to a model, once each."""
-        if self.auto_reason is not None and not self.__dict__.get('_auto_logged'):
+        compiling = _torch.is_compiling()  # in a trace: no log (the next eager one logs)
+        if self.auto_reason is not None and not self.__dict__.get('_auto_logged') and (
+                not compiling):
             self._auto_logged = True
             self.logger.warning(self.auto_reason)
-        if self.fp32_modules is None or self.backend == 'legacy' or model in self._fp32_done:
+        if self.fp32_modules is None or self.backend == 'legacy' or (
+                self._fp32_token in model.__dict__.get(_FP32_DONE, ())):
             return
+        if compiling:
+            raise RuntimeError(
+                f'{type(self).__name__}: fp32_modules={self.fp32_modules!r} are applied at the '
+                'first optim_context(model), which cannot run inside torch.compile; build '
+                'the wrapper with model=model (applied then) or enter it once before compiling.')
         inner = model.module if isinstance(model, _PARALLEL) else model
         keep_fp32(inner, self.fp32_modules)
-        self._fp32_done.add(model)
+        _mark_fp32_done(model, self._fp32_token)
 
     def _model_device_type(self, model: nn.Module) -> str:
         """The device type of ``model``'s first parameter (or buffer).
@@ -426,9 +440,11 @@ class AmpOptimWrapper(OptimWrapper):
         Where that tensor lives is looked up anew on each call, through the
         submodule that owns it, so ``model.to(...)``, parameters replaced by
         ``load_state_dict(..., assign=True)`` and swapped modules are seen;
-        only the path to it is cached.
+        only the path to it is cached (not inside a trace: dynamo cannot trace weakrefs
+        everywhere, and the traced graph keeps the answer anyway).
         """
-        ref = self._ctx_model
+        compiling = _torch.is_compiling()
+        ref = None if compiling else self._ctx_model
         if ref is not None and ref() is model:
             owner = self._ctx_owner() if self._ctx_owner is not None else None
             if owner is not None:
@@ -437,14 +453,14 @@ class AmpOptimWrapper(OptimWrapper):
                     tensor = owner._buffers.get(self._ctx_name)
                 if tensor is not None:
                     return tensor.device.type
-        self._ctx_model = CacheRef(model)
-        self._ctx_owner = None
         for kind in ('_parameters', '_buffers'):
             for module in model.modules():
                 for name, tensor in getattr(module, kind).items():
                     if tensor is not None:
-                        self._ctx_owner = CacheRef(module)
-                        self._ctx_name = name
+                        if not compiling:
+                            self._ctx_model = CacheRef(model)
+                            self._ctx_owner = CacheRef(module)
+                            self._ctx_name = name
                         return tensor.device.type
         return self._param_device_type()
 
@@ -487,6 +503,16 @@ class AmpOptimWrapper(OptimWrapper):
                 f'backend={self.backend!r}, dtype={self.dtype}, loss_scale={self.loss_scale}, '
                 f'accumulative_counts={self.accumulative_counts}, '
                 f'clip_grad={self.clip_grad})')
+
+
+#: The attribute in which a model lists the wrappers (their tokens) that applied their
+#: fp32_modules to it: a plain read for a trace (dynamo cannot look into a WeakSet
+#: everywhere), and a deepcopy of the model, whose forwards are kept too, keeps it.
+_FP32_DONE = '_fp16utils_fp32_done'
+
+
+def _mark_fp32_done(model: nn.Module, token: str) -> None:
+    model.__dict__[_FP32_DONE] = (*model.__dict__.get(_FP32_DONE, ()), token)
 
 
 class _Both:

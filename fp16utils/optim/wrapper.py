@@ -353,9 +353,17 @@ class OptimWrapper:
             only accumulates and the model has it, else a no-op).
         """
         check_cache_enabled(cache_enabled, type(self).__name__)
-        if not self.should_sync() and hasattr(model, 'no_sync'):
+        if self._skips_sync(model):
             return model.no_sync()
         return _NULL_CONTEXT
+
+    def _skips_sync(self, model: nn.Module) -> bool:
+        """Whether :meth:`optim_context` enters ``model.no_sync()`` (a plain test that
+        dynamo traces, where comparing context objects it cannot everywhere).
+
+        The model first: a trace that reads the iteration count recompiles at each step.
+        """
+        return hasattr(model, 'no_sync') and not self.should_sync()
 
     # -- optimizer passthrough --------------------------------------------------------------
 

@@ -1,0 +1,91 @@
+"""The answers a ``torch.compile`` trace reads, decided before any trace runs.
+
+Dynamo cannot trace a capability probe (it enters an autocast and silences
+torch's warnings) nor should a trace read the environment, so the decorators'
+per-call questions are answered eagerly: the default backend and native AMP
+when :mod:`fp16utils._torch` is imported (and by ``refresh()``), autocast per
+dtype on the CPU (and on devices whose runtime is already up) at import, and
+on a model's device where :func:`fp16utils.wrap_fp16_model`, ``keep_fp32``,
+the optimizer wrappers and the hooks are built. A trace that still meets a
+pair nobody asked about lets ``torch.autocast`` decide, and keeps nothing.
+
+Example:
+    >>> import torch
+    >>> from fp16utils._torch import warm
+    >>> warm.warm_device('cpu')
+    >>> warm.decided('cpu', torch.bfloat16)
+    True
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import _torch as _core
+
+__all__ = ['decide', 'decided', 'warm_at_import', 'warm_device']
+
+#: Device modules whose runtime, once initialised, is cheap to ask about.
+_RUNTIMES = ('cuda', 'xpu', 'mtia')
+
+
+def decide() -> None:
+    """Decide native AMP and the default backend now (the environment is read here).
+
+    An environment that names no backend is kept as the error that
+    ``default_backend()`` raises where it is asked.
+
+    Example:
+        >>> decide()
+    """
+    _core.has_native_amp()
+    try:
+        _core._decide_default()
+    except ValueError:
+        pass
+
+
+def decided(device_type: str, dtype: torch.dtype) -> bool:
+    """Whether autocast's support of ``dtype`` on the device is already known.
+
+    Example:
+        >>> decided('cpu', torch.float16)
+        True
+    """
+    return ('autocast', device_type, dtype) in _core._probe_cache
+
+
+def warm_device(device_type: str) -> None:
+    """Probe autocast for float16 and bfloat16 on one device type (once each).
+
+    Entering and leaving an autocast per dtype: microseconds, no kernel runs.
+
+    Args:
+        device_type: ``'cpu'``, ``'cuda'``, ...
+
+    Example:
+        >>> warm_device('cpu')
+    """
+    for dtype in _core._LOW_PRECISION:
+        _core.autocast_supports(device_type, dtype)
+
+
+def warm_at_import() -> None:
+    """Decide the backend, native AMP and the CPU's autocast support now.
+
+    A device runtime that is already initialised (CUDA after the model was
+    moved there, say) is probed too; none is initialised here (a CUDA context
+    costs memory and seconds, and a forked worker could not use it).
+
+    Example:
+        >>> warm_at_import()
+    """
+    decide()
+    warm_device('cpu')
+    for name in _RUNTIMES:
+        is_initialized = getattr(getattr(torch, name, None), 'is_initialized', None)
+        try:
+            if is_initialized is not None and is_initialized():
+                warm_device(name)
+        except Exception:  # noqa: BLE001 - a runtime that cannot say: leave it to first use
+            pass
