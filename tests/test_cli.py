@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import textwrap
 from pathlib import Path
 from types import SimpleNamespace
@@ -84,9 +85,11 @@ def test_version():
 
 
 def test_console_script_is_installed():
-    exe = shutil.which('fp16utils')
+    # The script pip wrote for this interpreter, not whichever one PATH finds first (a
+    # shim or another environment's install).
+    exe = shutil.which('fp16utils', path=sysconfig.get_path('scripts'))
     if exe is None:
-        pytest.skip('the fp16utils console script is not on PATH (package not pip-installed)')
+        pytest.skip('no fp16utils console script beside this interpreter (not pip-installed)')
     proc = subprocess.run([exe, 'env'], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0
     assert 'backend' in proc.stdout

@@ -217,11 +217,15 @@ def assert_same_state(a: Dict[str, Any], b: Dict[str, Any]) -> None:
         k: v for k, v in b.items() if k != 'tensors'}
 
 
-def _skip_unless_possible(backend: str, style: str) -> torch.dtype:
+#: Points that exist only while a loss scale is in use (bfloat16 trains unscaled).
+SCALED_POINTS = ('unscale', 'update', 'update-after-skip')
+
+
+def _skip_unless_possible(backend: str, style: str, point: str) -> torch.dtype:
     if backend == 'native':
         _caps.require(F16, 'native')
         return F16
-    if style == 'hook':
+    if style == 'hook' or point in SCALED_POINTS:
         _caps.require(F16)
         return F16
     _caps.require(_caps.LEGACY_LOW)
@@ -242,7 +246,7 @@ def _scaler_iteration_is_fresh(trainer: Trainer) -> bool:
 
 def _interrupted_run(style: str, backend: str, counts: int, point: str, exc: type,
                      mp: pytest.MonkeyPatch) -> Dict[str, Any]:
-    dtype = _skip_unless_possible(backend, style)
+    dtype = _skip_unless_possible(backend, style, point)
     trainer = Trainer(style, backend, counts, dtype)
     inj = Injected(exc)
     _inject(point, backend, trainer.model, trainer.optimizer, inj, mp)
@@ -270,7 +274,7 @@ def _interrupted_run(style: str, backend: str, counts: int, point: str, exc: typ
 
 def _reference_run(style: str, backend: str, counts: int, point: str) -> Dict[str, Any]:
     """The same run without an interruption: the iteration dropped, or completed."""
-    dtype = _skip_unless_possible(backend, style)
+    dtype = _skip_unless_possible(backend, style, point)
     trainer = Trainer(style, backend, counts, dtype)
     data = _batches(point)
     for batch in data['before']:

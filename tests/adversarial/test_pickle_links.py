@@ -71,12 +71,30 @@ def _step(model, wrapper, batch):
     return wrapper.update_params(loss)
 
 
+def _running_mean(averaged, current, num_averaged):
+    """AveragedModel's default average, at module level so that it pickles."""
+    return averaged + (current - averaged) / (num_averaged + 1)
+
+
+def _default_average_pickles() -> bool:
+    try:
+        pickle.dumps(AveragedModel(torch.nn.Linear(1, 1)))
+    except (AttributeError, pickle.PicklingError):  # torch < 2.0: a local avg_fn
+        return False
+    return True
+
+
+#: AveragedModel's own arguments where it pickles; where its default average is a
+#: local function (torch < 2.0), the same average given at module level.
+EMA_KWARGS = {} if _default_average_pickles() else {'avg_fn': _running_mean}
+
+
 def _set(kind, **kwargs):
     """model, wrapper, an LR scheduler and an EMA model following it; trained 3 steps."""
     model = R.Net(seed=2)
     wrapper = _wrapper(kind, model, **kwargs)
     sched = skip_aware(torch.optim.lr_scheduler.StepLR(wrapper.optimizer, 1, 0.5), wrapper)
-    ema = skip_aware(AveragedModel(model), wrapper)
+    ema = skip_aware(AveragedModel(model, **EMA_KWARGS), wrapper)
     data = R.make_data(3)
     if kind != 'plain':
         data[1] = R.overflow_batch()

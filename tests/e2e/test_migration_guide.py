@@ -28,6 +28,13 @@ MODEL_0X = textwrap.dedent('''\
     from mmcv.runner import auto_fp16, force_fp32
 
 
+    def cpu_autocast_on():
+        try:
+            return torch.is_autocast_enabled('cpu')
+        except TypeError:  # torch < 2.4
+            return torch.is_autocast_cpu_enabled()
+
+
     class Head(nn.Module):
         def __init__(self):
             super().__init__()
@@ -41,7 +48,7 @@ MODEL_0X = textwrap.dedent('''\
 
         @force_fp32(apply_to=('pred',))
         def loss(self, pred, target):
-            self.seen.append((pred.dtype, torch.is_autocast_enabled('cpu')))
+            self.seen.append((pred.dtype, cpu_autocast_on()))
             return ((pred - target) ** 2).mean()
     ''')
 
