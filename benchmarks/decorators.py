@@ -95,6 +95,14 @@ class HandForce(nn.Module):
             return x
 
 
+class ForceNoFlag(nn.Module):
+    """A migrated module: no fp16_enabled at all, a @force_fp32 method."""
+
+    @force_fp32()
+    def forward(self, x, y):
+        return x
+
+
 def per_call_signature_auto_fp16(func):
     """The 0.x algorithm, for reference: the signature is read again on every call.
 
@@ -181,6 +189,8 @@ BARE = 'bare fused kernel + one .item()'
 METHOD = 'auto_fp16 enabled, bound method, two tensor args'
 FLOOR = 'floor: read every p.grad, then the bare kernel + .item()'
 HAND_METHOD = 'hand-written bound method: autocast + .half()'
+NO_FLAG = 'force_fp32 without the flag, inside an outer autocast'
+HAND_NO_FLAG = 'hand-written, inside an outer autocast: autocast off + .float()'
 
 
 def run(device: str, number: int, repeats: int, n_params: int, numel: int
@@ -206,6 +216,19 @@ def run(device: str, number: int, repeats: int, n_params: int, numel: int
         if dt == 'cuda':
             torch.cuda.synchronize()
 
+    force_off = ForceNoFlag()
+    outer = torch.autocast(device_type=dt, dtype=torch.float16)
+
+    def force_under_autocast() -> None:  # the 1.x style: the flags gone, a whole autocast
+        with outer:
+            force_off(xh, yh)
+        sync()
+
+    def hand_under_autocast() -> None:
+        with outer:
+            hand_force(xh, yh)
+        sync()
+
     cases: dict[str, Callable[[], object]] = {
         'plain forward': lambda: plain(x, y),
         'auto_fp16 disabled': lambda: off(x, y),
@@ -216,6 +239,9 @@ def run(device: str, number: int, repeats: int, n_params: int, numel: int
         HAND_METHOD: lambda: (hand_method.head(x, y), sync()),
         'force_fp32 enabled': lambda: (force(xh, yh), sync()),
         'hand-written autocast off + .float()': lambda: (hand_force(xh, yh), sync()),
+        'force_fp32 disabled (no flag, no autocast)': lambda: force_off(xh, yh),
+        NO_FLAG: force_under_autocast,
+        HAND_NO_FLAG: hand_under_autocast,
         OVERFLOW: lambda: scaler.has_overflow(params),
         BARE: bare,
         FLOOR: lambda: collect_then_bare(params, bare),
@@ -242,6 +268,9 @@ def run(device: str, number: int, repeats: int, n_params: int, numel: int
         HAND_METHOD: None,
         'force_fp32 enabled': 'hand-written autocast off + .float()',
         'hand-written autocast off + .float()': None,
+        'force_fp32 disabled (no flag, no autocast)': 'plain forward',
+        NO_FLAG: HAND_NO_FLAG,
+        HAND_NO_FLAG: None,
         OVERFLOW: BARE,
         BARE: None,
         FLOOR: BARE,
@@ -253,7 +282,7 @@ def run(device: str, number: int, repeats: int, n_params: int, numel: int
         if ref is None:
             rows.append((name, med[name], '1.00 (reference)' if name != 'plain forward'
                          else 'reference'))
-        elif name == 'auto_fp16 disabled':
+        elif ref == 'plain forward':
             rows.append((name, med[name], f'+{(med[name] - med[ref]) * 1e6:.2f} us vs plain'))
         else:
             rows.append((name, med[name], f'{med[name] / med[ref]:.2f}x'))
