@@ -20,6 +20,8 @@ import warnings
 from pathlib import Path
 from typing import NoReturn, Optional, Sequence, TextIO
 
+from ._cli_help import HELP, MAIN_DESCRIPTION, MAIN_EPILOG, paragraph
+
 # fp16utils.migrate imports the standard library only: the scan and migrate commands
 # never import torch (env, demo and bench import it inside their functions).
 from ._script import run_script
@@ -144,7 +146,7 @@ def cmd_migrate(args: argparse.Namespace, out: TextIO) -> int:
     cfg = load_config(args.config)
     shown = _shown(args.config)
     try:
-        converted, problems = convert_config_report(cfg)
+        converted, problems = convert_config_report(cfg, plugin=args.plugin)
     except (ConfigConversionError, TypeError, ValueError, AttributeError) as err:
         raise CommandError(f'{shown}: cannot be converted: {_one_line(err)}; nothing written'
                            ) from None
@@ -341,36 +343,47 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``fp16utils`` command."""
     from . import __version__
 
-    parser = _Parser(prog=PROG, description='Mixed-precision training tools for PyTorch.')
+    parser = _Parser(prog=PROG, description=paragraph(MAIN_DESCRIPTION), epilog=MAIN_EPILOG,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--version', action='version', version=f'{PROG} {__version__}')
     sub = parser.add_subparsers(dest='command', metavar='COMMAND', parser_class=_Parser)
 
-    demo = sub.add_parser('demo', help='train a small model in fp32, AMP and legacy modes')
-    demo.add_argument('--steps', type=_positive_int, default=100, help='steps per mode')
+    def command(name: str) -> argparse.ArgumentParser:
+        text = HELP[name]
+        return sub.add_parser(name, help=text.summary, description=paragraph(text.description),
+                              epilog=text.epilog,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+
+    demo = command('demo')
+    demo.add_argument('--steps', type=_positive_int, default=100,
+                      help='timed steps per mode (default: 100)')
     demo.add_argument('--device', default=None, help='device (default: the best present)')
     demo.add_argument('--seed', type=_seed, default=0,
-                      help="seed of the data and the weights (torch's range: -2**63 to 2**64-1)")
+                      help='seed of the data and the initial weights, the same for every '
+                           "mode (default: 0; torch's range: -2**63 to 2**64-1)")
     demo.add_argument('--plot', metavar='FILE.png', default=None,
                       help='draw loss and loss scale per step (needs matplotlib)')
     demo.set_defaults(func=cmd_demo)
 
-    env = sub.add_parser('env', help='torch version, backend, devices, supported dtypes')
-    env.set_defaults(func=cmd_env)
+    command('env').set_defaults(func=cmd_env)
 
-    migrate = sub.add_parser('migrate', help='convert a 0.x config file to the 1.x style')
-    migrate.add_argument('config', help='the 0.x config (.py)')
+    migrate = command('migrate')
+    migrate.add_argument('config', help='the 0.x config (.py); it is executed')
     migrate.add_argument('-o', '--output',
                          help='write here (atomically; - is stdout) instead of stdout')
     migrate.add_argument('--amp', action='store_true',
                          help='turn the optimizer wrapper(s) into AmpOptimWrapper')
     migrate.add_argument('--dtype', choices=('float16', 'bfloat16', 'auto'), default=None,
                          help="with --amp: the low-precision dtype ('auto': the native one "
-                              'of the device, picked when the wrapper is built)')
+                              'of the device, picked when the wrapper is built); ignored, '
+                              'with a warning, for a wrapper that already uses fp16')
+    migrate.add_argument('--plugin', action='store_true',
+                         help="write a config for MMEngine's Runner with fp16utils' plug-in")
     migrate.add_argument('--strict', action='store_true',
                          help='fail (exit 1) when something cannot be converted safely')
     migrate.set_defaults(func=cmd_migrate)
 
-    scan = sub.add_parser('scan', help='find 0.x fp16 usages in a codebase')
+    scan = command('scan')
     scan.add_argument('path', help='a directory or a .py file')
     scan.add_argument('--fix', action='store_true', help='rewrite the imports to fp16utils')
     scan.add_argument('--dry-run', action='store_true',
@@ -378,11 +391,7 @@ def build_parser() -> argparse.ArgumentParser:
     scan.add_argument('--json', action='store_true', help='machine-readable output')
     scan.set_defaults(func=cmd_scan)
 
-    run = sub.add_parser(
-        'run', help='patch mmcv 1.x with fp16utils, then run a script (e.g. tools/train.py)',
-        description='Put fp16utils in place of mmcv 1.x\'s fp16 decorators, wrap_fp16_model, '
-                    'LossScaler and hooks (fp16utils.patch_mmcv), then run SCRIPT as __main__ '
-                    'with ARGS as its arguments.')
+    run = command('run')
     run.add_argument('--dtype', choices=('float16', 'bfloat16'), default=None,
                      help='low-precision dtype of the hooks and wrap_fp16_model (default: '
                           'float16; a config\'s own dtype wins)')
@@ -393,9 +402,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="the script's own arguments")
     run.set_defaults(func=cmd_run)
 
-    bench = sub.add_parser('bench', help='run a benchmark of a source checkout')
-    bench.add_argument('name', help='decorators or train_step')
-    bench.add_argument('rest', nargs=argparse.REMAINDER, help='arguments for the benchmark')
+    bench = command('bench')
+    bench.add_argument('name', metavar='NAME', help='the benchmark: decorators or train_step')
+    bench.add_argument('rest', metavar='ARGS', nargs=argparse.REMAINDER,
+                       help="the benchmark's own arguments (see: fp16utils bench NAME --help)")
     bench.set_defaults(func=cmd_bench)
     return parser
 

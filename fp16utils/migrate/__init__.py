@@ -12,6 +12,10 @@ migrate`` commands start without torch):
   config into ``AmpOptimWrapper``.
 * :func:`scan` finds every 0.x fp16 usage in a source tree (imports from mm*
   packages, decorators, ``fp16_enabled``, fp16 config keys).
+* :func:`load_config` reads a Python config file (running it, as mmcv's ``Config``
+  does, with its ``_base_`` files merged); :func:`format_config` writes a config
+  back as a file of literals that loads back equal. With :func:`convert_config`
+  they convert a file from Python as ``fp16utils migrate`` does.
 * :func:`fix_imports` rewrites the imports of the 0.x fp16 names to
   ``from fp16utils import ...`` so the code runs without mmcv, and leaves
   everything else in the files as it was.
@@ -32,6 +36,7 @@ Example:
      'loss_scale': 512.0, 'clip_grad': {'max_norm': 35, 'norm_type': 2}}
 """
 
+from .config_files import format_config, load_config
 from .convert import (
     ConfigConversionError,
     MigrationWarning,
@@ -51,5 +56,7 @@ __all__ = [
     'convert_config_report',
     'enable_amp',
     'fix_imports',
+    'format_config',
+    'load_config',
     'scan',
 ]
