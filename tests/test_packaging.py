@@ -151,7 +151,7 @@ LAYERS: list[set[str]] = [
     {'followers'},
     {'mmcv', 'mmengine'},
     {'migrate'},
-    {'demo', '_script'},
+    {'demo', '_script', '_cli_help'},
     {'cli'},
     {'__main__'},
 ]
