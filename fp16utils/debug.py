@@ -28,196 +28,19 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import threading
 import warnings
 from collections import abc
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, Union
+from typing import Any, Dict, Iterable, Iterator, List, Tuple, Union
 
 import torch
 from torch import nn
 
-from .records import NonFiniteRecord
-from .records import dtype_name as _dtype_name
+from . import _torch
+from .records import ROOT_NAME, NonFiniteRecord, OverflowReport
 
 __all__ = ['NonFiniteRecord', 'OverflowReport', 'find_overflow', 'nonfinite_summary']
 
-#: Name shown for the model itself (``''`` in ``named_modules``).
-ROOT_NAME = '<root>'
-
-_FP16_MAX = float(torch.finfo(torch.float16).max)
 _MAX_DEPTH = 16  # how deep to look inside nested output containers
-
-
-class OverflowReport:
-    """What :func:`find_overflow` saw; filled in while its block runs.
-
-    Attributes:
-        forward: The first module output that was non-finite, in execution
-            order (None if none was).
-        backward: The first gradient with respect to a module output that was
-            non-finite, in backward order (None if none was).
-        parameters: Parameters whose ``.grad`` was non-finite when the block
-            ended, in ``named_parameters`` order.
-        checked_outputs: How many module calls had their outputs checked.
-        checked_grads: How many output gradients were checked in backward.
-        checked_params: How many parameter gradients were checked on exit.
-        nonfinite_outputs: How many module calls produced a non-finite output.
-        nonfinite_grads: How many output gradients were non-finite.
-        unwatched: Names of the TorchScript submodules, which take no hooks:
-            their outputs and output gradients were not checked (their
-            parameters' gradients were).
-
-    Example:
-        >>> report = OverflowReport()
-        >>> report.ok, report.first_module
-        (True, None)
-    """
-
-    def __init__(self) -> None:
-        self.forward: Optional[NonFiniteRecord] = None
-        self.backward: Optional[NonFiniteRecord] = None
-        self.parameters: List[NonFiniteRecord] = []
-        self.checked_outputs = 0
-        self.checked_grads = 0
-        self.checked_params = 0
-        self.nonfinite_outputs = 0
-        self.nonfinite_grads = 0
-        self.unwatched: List[str] = []
-        self._lock = threading.Lock()
-
-    @property
-    def ok(self) -> bool:
-        """True when no non-finite value was found anywhere."""
-        return (self.forward is None and self.backward is None and not self.parameters)
-
-    @property
-    def first_module(self) -> Optional[str]:
-        """Name of the first module whose output (else output gradient) went bad.
-
-        The forward pass wins: when some module output was non-finite, this is
-        that module; otherwise the first module whose output gradient was
-        non-finite in backward; None when neither happened.
-        """
-        if self.forward is not None:
-            return self.forward.name
-        if self.backward is not None:
-            return self.backward.name
-        return None
-
-    @property
-    def records(self) -> List[NonFiniteRecord]:
-        """The forward record, the backward record, then the parameter records."""
-        return [r for r in (self.forward, self.backward) if r is not None] + list(
-            self.parameters)
-
-    def to_dict(self) -> Dict[str, Any]:
-        """A JSON-serialisable summary.
-
-        Example:
-            >>> sorted(OverflowReport().to_dict())[:3]
-            ['backward', 'checked_grads', 'checked_outputs']
-        """
-        return {
-            'ok': self.ok,
-            'first_module': self.first_module,
-            'forward': None if self.forward is None else self.forward.to_dict(),
-            'backward': None if self.backward is None else self.backward.to_dict(),
-            'parameters': [p.to_dict() for p in self.parameters],
-            'checked_outputs': self.checked_outputs,
-            'checked_grads': self.checked_grads,
-            'checked_params': self.checked_params,
-            'nonfinite_outputs': self.nonfinite_outputs,
-            'nonfinite_grads': self.nonfinite_grads,
-            'unwatched': list(self.unwatched),
-        }
-
-    def suggest(self) -> Optional[str]:
-        """The ``fp32_modules`` entry that would have kept the first bad module in float32.
-
-        The qualified name of :attr:`first_module`, ready for
-        ``AmpOptimWrapper(..., fp32_modules=[...])``, ``wrap_fp16_model(...,
-        fp32_modules=[...])`` or ``keep_fp32(model, [...])``; ``'*'`` when it is
-        the model itself; None when the report is clean.
-
-        Example:
-            >>> OverflowReport().suggest() is None
-            True
-        """
-        first = self.first_module
-        if first is None:
-            return None
-        return '*' if first == ROOT_NAME else first
-
-    def hints(self) -> List[str]:
-        """Suggestions that follow from what was found (may be empty)."""
-        out = []
-        fwd, bwd = self.forward, self.backward
-        entry = self.suggest()
-        if entry is not None and entry != '*':
-            out.append(
-                f'to run {entry!r} in float32 under autocast, pass fp32_modules=[{entry!r}] '
-                'to AmpOptimWrapper (or wrap_fp16_model, or keep_fp32(model, '
-                f'[{entry!r}])).')
-        if fwd is not None and fwd.inputs_finite is False:
-            out.append(
-                f'the inputs of {fwd.where!r} were already non-finite: the values went '
-                'bad before it ran, in the data or in code that is not a submodule '
-                "(a functional op in the parent's forward).")
-        if fwd is not None and fwd.dtype == torch.float16 and fwd.has_inf:
-            out.append(
-                f'float16 cannot hold magnitudes above {_FP16_MAX:g}; run {fwd.name!r} '
-                'in float32 (@force_fp32, or torch.autocast(..., enabled=False) around '
-                'it), scale its inputs down, or train in bfloat16.')
-        if self.unwatched:
-            out.append(f'TorchScript modules take no hooks and were not watched '
-                       f'({", ".join(self.unwatched[:5])}): the values may have gone bad '
-                       'inside one of them; run the eager model to find the module.')
-        if fwd is None and bwd is not None and bwd.dtype == torch.float16:
-            out.append(
-                'gradients overflowed float16 in backward: with a dynamic loss scale '
-                'an occasional overflow is expected (the step is skipped and the scale '
-                'lowered); if it happens every step, lower the initial loss scale.')
-        return out
-
-    def _unwatched_note(self) -> str:
-        shown = ', '.join(self.unwatched[:5]) + (', ...' if len(self.unwatched) > 5 else '')
-        return f'; {len(self.unwatched)} TorchScript module(s) not watched: {shown}' * bool(
-            self.unwatched)
-
-    def __str__(self) -> str:
-        if self.ok:
-            return (f'find_overflow: no non-finite values found (checked '
-                    f'{self.checked_outputs} module outputs, {self.checked_grads} output '
-                    f'gradients, {self.checked_params} parameter gradients)'
-                    f'{self._unwatched_note()}')
-        first = self.first_module
-        title = 'find_overflow: non-finite values found'
-        if first is not None:
-            kind = 'forward-output' if self.forward is not None else 'backward-grad'
-            title += f'; first module: {first!r} ({kind})'
-        header = ('where', 'module/parameter', 'dtype', 'shape', 'max |value|', 'problem')
-        rows = [header] + [
-            (r.kind, r.where, _dtype_name(r.dtype), str(tuple(r.shape)),
-             '-' if r.max_abs is None else f'{r.max_abs:.4g}', r.problem)
-            for r in self.records]
-        widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-        lines = [title]
-        for i, row in enumerate(rows):
-            lines.append('  '.join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
-            if i == 0:
-                lines.append('  '.join('-' * w for w in widths))
-        lines.append(
-            f'checked {self.checked_outputs} module calls ({self.nonfinite_outputs} with '
-            f'non-finite outputs), {self.checked_grads} output gradients '
-            f'({self.nonfinite_grads} non-finite), {self.checked_params} parameter '
-            f'gradients ({len(self.parameters)} non-finite); only the first module of '
-            f'each kind is listed{self._unwatched_note()}')
-        lines.extend(f'hint: {h}' for h in self.hints())
-        return '\n'.join(lines)
-
-    def __repr__(self) -> str:
-        return (f'OverflowReport(ok={self.ok}, first_module={self.first_module!r}, '
-                f'parameters={[p.name for p in self.parameters]})')
 
 
 def _checkable(t: Any) -> bool:
@@ -466,12 +289,8 @@ class _Watcher:
                     self.report.unwatched.append(name)
                     inside_scripted.update(id(m) for m in module.modules())
                 continue
-            hook = _bind(self.forward_hook, name)
-            try:
-                handle = module.register_forward_hook(hook, with_kwargs=True)
-            except TypeError:  # torch < 2.0: no with_kwargs
-                handle = module.register_forward_hook(
-                    lambda m, a, o, _h=hook: _h(m, a, None, o))
+            handle = _torch.register_forward_hook_with_kwargs(
+                module, _bind(self.forward_hook, name))
             self.handles.append(handle)
 
     def detach(self) -> None:

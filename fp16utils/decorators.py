@@ -59,14 +59,8 @@ def _instance_attr(obj: Any, name: str, default: Any) -> Any:
     return value
 
 
-def _module_device_type(obj: Any) -> str:
-    """Device type of a module's first parameter or buffer ('cpu' if none)."""
-    if isinstance(obj, nn.Module):
-        for tensor in obj.parameters():
-            return tensor.device.type
-        for tensor in obj.buffers():
-            return tensor.device.type
-    return 'cpu'
+#: Device type of a module's first parameter or buffer ('cpu' if none); bound once.
+_module_device_type = _torch.module_device_type
 
 
 class _CastPlan:

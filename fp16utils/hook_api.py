@@ -34,10 +34,10 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 import torch
 from torch import nn
-from torch.nn.modules.batchnorm import _BatchNorm
 
 from . import _torch
 from ._spec import parse_clip_grad
+from ._torch import BatchNormBase as _BatchNorm
 from .runner_hook import RunnerHook
 
 __all__ = ['CumulativeHookApi', 'OptimizerHookApi', 'follow_mmcv', 'set_base']

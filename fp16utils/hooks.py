@@ -50,7 +50,6 @@ from typing import Any, List, Mapping, Optional, Tuple, Union
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from . import _torch
 from ._spec import (
@@ -163,14 +162,14 @@ def _allreduce_grads(params: List[Any], coalesce: bool = True,
                              device=first.device)
         buckets[0] = [*buckets[0], flags]
         for bucket in buckets:
-            flat = _flatten_dense_tensors(bucket)
+            flat = _torch.flatten_dense_tensors(bucket)
             dist.all_reduce(flat)
             flat.div_(world_size)
-            _torch.foreach_copy_(bucket, list(_unflatten_dense_tensors(flat, bucket)))
+            _torch.foreach_copy_(bucket, _torch.unflatten_dense_tensors(flat, bucket))
     else:
         flags = torch.tensor(present or [True] * len(params), dtype=torch.float32,
                              device=params[0].device)
-        torch._foreach_div_(grads, float(world_size))
+        _torch.foreach_div_(grads, float(world_size))
         for grad in grads:
             dist.all_reduce(grad)
         dist.all_reduce(flags)

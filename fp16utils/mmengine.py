@@ -48,6 +48,7 @@ except ImportError as _err:
     ) from _err
 from torch import nn
 
+from . import _torch
 from ._spec import PLUGIN_NAMES
 from .optim import AmpOptimWrapper, OptimWrapper, OptimWrapperDict
 from .optim.constructor import check_paramwise_cfg, paramwise_groups
@@ -208,7 +209,7 @@ class Fp16utilsOptimWrapperConstructor:
                                                  'optim_wrapper')
 
     def __call__(self, model: nn.Module) -> _MMOptimWrapper:
-        model = getattr(model, 'module', model)
+        model = _torch.unwrap_model(model, any_wrapper=True)
         kwargs = dict(self.optimizer_cfg)
         optimizer_cls = _lookup(OPTIMIZERS, kwargs.pop('type', None), 'optimizer')
         params: Any = model.parameters()
@@ -258,7 +259,7 @@ class Fp16utilsMultiOptimWrapperConstructor:
                 entry, entry.pop('paramwise_cfg', None))
 
     def __call__(self, model: nn.Module) -> Fp16utilsOptimWrapperDict:
-        model = getattr(model, 'module', model)
+        model = _torch.unwrap_model(model, any_wrapper=True)
         children = dict(model.named_children())
         missing = [name for name in self.constructors if name not in children]
         if missing:

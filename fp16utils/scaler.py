@@ -33,7 +33,6 @@ from ._whole import as_whole, check_window
 
 __all__ = ['LossScaler', 'non_finite_check_']
 
-_FUSED_NAME = '_amp_foreach_non_finite_check_and_unscale_'
 _F32 = torch.float32
 # Per thread: device -> [found_inf, inv_scale, the value inv_scale holds].
 _local = threading.local()
@@ -118,7 +117,7 @@ def _check(tensors: list[torch.Tensor], inv_scale: Optional[float], sparse: bool
     """:func:`non_finite_check_`; ``sparse``: some tensors may be sparse."""
     if not tensors:
         return False
-    fused = getattr(torch, _FUSED_NAME, None)
+    fused = _torch.fused_non_finite_check()
     if inv_scale is None and fused is not None and tensors[0].is_cpu:
         # The common case, a pure check of CPU tensors: one call, no grouping.
         # Whatever the kernel refuses (a sparse or non-CPU tensor, a dtype it
@@ -134,7 +133,7 @@ def _check(tensors: list[torch.Tensor], inv_scale: Optional[float], sparse: bool
             else:
                 return _read(found, reduce)
     if sparse:
-        tensors = [t._values() if t.is_sparse else t for t in tensors]
+        tensors = [_torch.sparse_values(t) if t.is_sparse else t for t in tensors]
     return _grouped_check_(tensors, fused, 1.0 if inv_scale is None else float(inv_scale),
                            reduce)
 

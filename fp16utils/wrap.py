@@ -16,9 +16,9 @@ from typing import Any, Callable, Optional, Union
 
 import torch
 from torch import nn
-from torch.nn.modules.batchnorm import _BatchNorm
 
 from . import _torch
+from ._torch import BatchNormBase as _BatchNorm
 from .cast import _cast
 from .keep import Fp32Modules, keep_fp32, match_modules
 
@@ -218,12 +218,8 @@ def wrap_fp16_model(model: nn.Module, dtype: Union[torch.dtype, str, None] = Non
         raise TypeError(
             f'wrap_fp16_model() takes an nn.Module, got {type(model).__name__}.')
     low = _torch.resolve_dtype(dtype)
-    first = next(iter(model.parameters()), None)
-    if first is None:
-        first = next(iter(model.buffers()), None)
     # None falls back to 'legacy' where autocast cannot run low (or this model's norms) there.
-    backend = _torch.backend_for(backend, 'cpu' if first is None else first.device.type, low,
-                                 model)
+    backend = _torch.backend_for(backend, _torch.module_device_type(model), low, model)
     match_modules(model, fp32_modules, 'wrap_fp16_model(fp32_modules=...)')  # before changes
     if backend == 'legacy':
         _refuse_scripted(model, "wrap_fp16_model(backend='legacy')")

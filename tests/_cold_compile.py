@@ -332,7 +332,7 @@ def _run_group(group: str) -> Dict[str, Any]:
     from fp16utils import _torch
     from fp16utils._torch import warm
 
-    imported = {'default': _torch._default,  # what importing fp16utils decided
+    imported = {'default': _torch.versions._default,  # what importing fp16utils decided
                 'autocast': [d for d in (F16, BF16) if warm.decided('cpu', d)]}
     try:
         import torch._dynamo

@@ -70,14 +70,14 @@ def backend_env(name: Optional[str]) -> Any:
 def simulated_torch(version: str) -> Any:
     """Make fp16utils believe torch is ``version`` (with no backend forced by the env)."""
     from fp16utils import _torch
-    saved = _torch.TORCH_VERSION
+    saved = _torch.versions.TORCH_VERSION
     with backend_env(None):
-        _torch.TORCH_VERSION = version
+        _torch.versions.TORCH_VERSION = version
         _torch.refresh()
         try:
             yield
         finally:
-            _torch.TORCH_VERSION = saved
+            _torch.versions.TORCH_VERSION = saved
             _torch.refresh()
 
 

@@ -29,7 +29,7 @@ def old_torch():
     """Make fp16utils believe torch is 1.5.0 (no native AMP) for one test."""
     _torch.refresh()
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(_torch, 'TORCH_VERSION', '1.5.0')
+        mp.setattr(_torch.versions, 'TORCH_VERSION', '1.5.0')
         _torch.refresh()
         yield '1.5.0'
     _torch.refresh()

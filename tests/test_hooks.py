@@ -289,7 +289,7 @@ def test_allreduce_grads_with_two_real_processes(tmp_path):
 
 def test_old_torch_makes_the_hook_legacy(monkeypatch):
     monkeypatch.delenv(fp16utils._torch.BACKEND_ENV, raising=False)
-    monkeypatch.setattr(fp16utils._torch, 'TORCH_VERSION', '1.5.0')
+    monkeypatch.setattr(fp16utils._torch.versions, 'TORCH_VERSION', '1.5.0')
     fp16utils._torch.refresh()
     try:
         hook = Fp16OptimizerHook(loss_scale=dict(init_scale=256.0, mode='dynamic'))

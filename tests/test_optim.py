@@ -478,7 +478,7 @@ def test_legacy_rejects_an_inconsistent_backoff():
 def torch_1_5(monkeypatch):
     """Make fp16utils believe torch is 1.5.0 (no native AMP), env choice cleared."""
     monkeypatch.delenv(fp16utils._torch.BACKEND_ENV, raising=False)
-    monkeypatch.setattr(fp16utils._torch, 'TORCH_VERSION', '1.5.0')
+    monkeypatch.setattr(fp16utils._torch.versions, 'TORCH_VERSION', '1.5.0')
     fp16utils._torch.refresh()
     yield
     monkeypatch.undo()

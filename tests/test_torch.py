@@ -90,7 +90,7 @@ def test_has_native_amp(version, native):
 
 
 def test_has_native_amp_follows_torch_version(old_torch):
-    assert _torch.TORCH_VERSION == '1.5.0'
+    assert _torch.versions.TORCH_VERSION == '1.5.0'
     assert _torch.has_native_amp() is False
     assert _torch.has_native_amp('1.6.0') is True
 
@@ -205,7 +205,7 @@ def test_refresh_keeps_a_bad_environment_for_the_first_use(monkeypatch, no_backe
 
 def test_refresh_then_version_change(monkeypatch, no_backend_env):
     assert _torch.default_backend() == 'native'
-    monkeypatch.setattr(_torch, 'TORCH_VERSION', '1.4.0')
+    monkeypatch.setattr(_torch.versions, 'TORCH_VERSION', '1.4.0')
     _torch.refresh()
     assert _torch.default_backend() == 'legacy'
     assert _torch.has_native_amp() is False
@@ -301,7 +301,7 @@ def test_autocast_for_old_torch(old_torch):
 
 def test_autocast_for_torch_without_device_autocast(monkeypatch):
     # torch 1.6 - 1.9: no torch.autocast, CUDA float16 autocast only.
-    monkeypatch.setattr(_torch, '_HAS_DEVICE_AUTOCAST', False)
+    monkeypatch.setattr(_torch.autocast, '_HAS_DEVICE_AUTOCAST', False)
     ctx = _torch.autocast_for('cpu', torch.bfloat16)
     assert isinstance(ctx, contextlib.nullcontext)
     with warnings.catch_warnings():
@@ -317,7 +317,7 @@ def test_autocast_state_outside():
 
 def test_autocast_state_old_api(monkeypatch):
     # torch < 2.4 has no per-device is_autocast_enabled/get_autocast_dtype.
-    monkeypatch.setattr(_torch, '_HAS_DEVICE_AUTOCAST_STATE', False)
+    monkeypatch.setattr(_torch.autocast, '_HAS_DEVICE_AUTOCAST_STATE', False)
     with warnings.catch_warnings():
         warnings.simplefilter('ignore', DeprecationWarning)
         assert _torch.autocast_state('cpu')[0] is False
@@ -342,8 +342,8 @@ def _state_probe():
 def call_path(request, monkeypatch):
     """Both ways call_autocast works: per-device setters (torch >= 2.4), or the context."""
     if request.param == 'context':
-        monkeypatch.setattr(_torch, '_HAS_DEVICE_AUTOCAST_STATE', False)
-    elif not _torch._HAS_DEVICE_AUTOCAST_STATE:
+        monkeypatch.setattr(_torch.autocast, '_HAS_DEVICE_AUTOCAST_STATE', False)
+    elif not _torch.autocast._HAS_DEVICE_AUTOCAST_STATE:
         pytest.skip('torch has no per-device autocast state setters (set_autocast_dtype)')
     return request.param
 
@@ -413,7 +413,7 @@ def test_call_autocast_unsupported_dtype_cached_answer():
         True, torch.bfloat16)
 
 
-@pytest.mark.skipif(not _torch._HAS_DEVICE_AUTOCAST_STATE,
+@pytest.mark.skipif(not _torch.autocast._HAS_DEVICE_AUTOCAST_STATE,
                     reason='torch has no per-device autocast state setters (set_autocast_dtype)')
 def test_call_autocast_nesting_and_cache():
     """Like the context: nesting counted, the cast cache cleared on the outermost exit."""
@@ -438,7 +438,7 @@ def test_call_autocast_nesting_and_cache():
     assert cleared == [True]
 
 
-@pytest.mark.skipif(not _torch._HAS_DEVICE_AUTOCAST_STATE,
+@pytest.mark.skipif(not _torch.autocast._HAS_DEVICE_AUTOCAST_STATE,
                     reason='torch has no per-device autocast state setters (set_autocast_dtype)')
 def test_call_autocast_under_torch_function_mode_uses_the_context(monkeypatch):
     """Under a torch-function mode (as torch.export uses) the autocast context is used."""
@@ -455,7 +455,7 @@ def test_call_autocast_under_torch_function_mode_uses_the_context(monkeypatch):
         contexts.append(args)
         return real(*args)
 
-    monkeypatch.setattr(_torch, 'autocast_for', recording)
+    monkeypatch.setattr(_torch.autocast, 'autocast_for', recording)
     assert _torch.call_autocast('cpu', torch.bfloat16, True, _state_probe) == (
         (True, torch.bfloat16), torch.bfloat16)
     assert contexts == []  # the eager path sets the state directly
@@ -522,7 +522,7 @@ def test_make_grad_scaler_old_torch(old_torch):
 
 def test_make_grad_scaler_torch_without_amp_grad_scaler(monkeypatch):
     # torch < 2.3: only torch.cuda.amp.GradScaler exists.
-    monkeypatch.setattr(_torch, '_AMP_GRAD_SCALER', None)
+    monkeypatch.setattr(_torch.factory, '_AMP_GRAD_SCALER', None)
     with pytest.raises(RuntimeError, match="cuda only, not for 'cpu'"):
         _torch.make_grad_scaler('cpu')
 
@@ -589,7 +589,7 @@ def test_group_by_device_and_dtype_empty():
 @pytest.mark.parametrize('fused', [True, False])
 def test_group_by_device_and_dtype(monkeypatch, fused):
     if not fused:
-        monkeypatch.setattr(_torch, '_c_group', None)
+        monkeypatch.setattr(_torch.ops, '_c_group', None)
     a, b = torch.ones(2), torch.zeros(3)
     h = torch.ones(1, dtype=torch.float16)
     bf = torch.ones(4, dtype=torch.bfloat16)
@@ -677,7 +677,7 @@ def test_backend_for_needs_a_grad_scaler_for_float16_only(monkeypatch):
         _pretend(monkeypatch, 'kernels', 'cpu', dtype, True)
         _pretend(monkeypatch, 'autocast', 'cpu', dtype, True)
         _pretend(monkeypatch, 'autocast_norms', 'cpu', dtype, True)
-    monkeypatch.setattr(_torch, '_AMP_GRAD_SCALER', None)  # only torch.cuda.amp.GradScaler
+    monkeypatch.setattr(_torch.factory, '_AMP_GRAD_SCALER', None)  # only torch.cuda.amp.GradScaler
     monkeypatch.delenv(_torch.BACKEND_ENV, raising=False)
     _torch.refresh()
     assert not _torch.grad_scaler_supports('cpu')

@@ -13,8 +13,13 @@ from typing import Any, Optional
 
 import torch
 
-from .. import _torch as _core
-from . import _LOW_NAMES, _cached_probe, autocast_supports, device_present
+from . import factory as _factory
+from . import versions as _versions
+from .autocast import autocast_supports
+from .dtypes import _LOW_NAMES, _LOW_PRECISION, needs_loss_scaling
+from .probes import _cached_probe, device_present
+from .versions import has_native_amp, resolve_backend
+from .warm import warm_device
 
 # =============================================================================
 # Capabilities of the installed torch, per device type and dtype.
@@ -24,7 +29,7 @@ from . import _LOW_NAMES, _cached_probe, autocast_supports, device_present
 # never by comparing version numbers, so a backport or a vendor build is judged
 # by what it does. Each probe runs once per process; the caches describe the
 # installed torch, so refresh() (which forgets decisions that depend on
-# _core.TORCH_VERSION and the environment) leaves them alone.
+# _versions.TORCH_VERSION and the environment) leaves them alone.
 #
 # The rules, used by backend_for():
 #   1. The kernels must exist: a float16/bfloat16 matrix product (and its
@@ -97,7 +102,7 @@ def grad_scaler_supports(device_type: str) -> bool:
         >>> isinstance(grad_scaler_supports('cpu'), bool)
         True
     """
-    cls = _core._AMP_GRAD_SCALER
+    cls = _factory._AMP_GRAD_SCALER
 
     def probe() -> bool:
         if not device_present(device_type):
@@ -138,11 +143,11 @@ def native_reason(device_type: str, dtype: torch.dtype) -> Optional[str]:
         True
     """
     name = _LOW_NAMES.get(dtype, str(dtype))
-    if not _core.has_native_amp():
-        return f'torch {_core.TORCH_VERSION} has no native AMP'
+    if not has_native_amp():
+        return f'torch {_versions.TORCH_VERSION} has no native AMP'
     if not autocast_supports(device_type, dtype):
         return f'torch.autocast does not support {name} on {device_type}'
-    if _core.needs_loss_scaling(dtype) and not grad_scaler_supports(device_type):
+    if needs_loss_scaling(dtype) and not grad_scaler_supports(device_type):
         return f'torch has no GradScaler for {device_type} (needed to scale {name} losses)'
     return None
 
@@ -163,7 +168,7 @@ def check_dtype(device_type: str, dtype: torch.dtype) -> None:
     if kernels_support(device_type, dtype):
         return
     name = _LOW_NAMES.get(dtype, str(dtype))
-    others = [d for d in _core._LOW_PRECISION if d != dtype and kernels_support(device_type, d)]
+    others = [d for d in _LOW_PRECISION if d != dtype and kernels_support(device_type, d)]
     if others:
         hint = f'use dtype=torch.{_LOW_NAMES[others[0]]}'
     else:
@@ -204,10 +209,10 @@ def backend_for(backend: Optional[str], device_type: str, dtype: torch.dtype,
         'legacy'
     """
     # What the model's decorated forwards will ask per call, answered before any trace.
-    _core.warm_device(device_type)
-    if dtype not in _core._LOW_PRECISION:  # full precision: nothing to cast or scale
-        return 'native' if backend is None else _core.resolve_backend(backend)
-    chosen = _core.resolve_backend(backend)
+    warm_device(device_type)
+    if dtype not in _LOW_PRECISION:  # full precision: nothing to cast or scale
+        return 'native' if backend is None else resolve_backend(backend)
+    chosen = resolve_backend(backend)
     check_dtype(device_type, dtype)
     if chosen != 'native':
         return chosen
@@ -219,7 +224,7 @@ def backend_for(backend: Optional[str], device_type: str, dtype: torch.dtype,
             return chosen
         return 'legacy'
     if backend == 'native':
-        other = [d for d in _core._LOW_PRECISION
+        other = [d for d in _LOW_PRECISION
                  if d != dtype and native_reason(device_type, d) is None
                  and kernels_support(device_type, d)]
         also = f", or dtype=torch.{_LOW_NAMES[other[0]]}" if other else ''
@@ -246,12 +251,12 @@ def capability_rows(device_type: str) -> list[tuple[str, str]]:
         return 'yes' if flag else 'no'
 
     rows = []
-    for dtype in _core._LOW_PRECISION:
-        autocast = _core.has_native_amp() and autocast_supports(device_type, dtype)
+    for dtype in _LOW_PRECISION:
+        autocast = has_native_amp() and autocast_supports(device_type, dtype)
         parts = [f'kernels {yes(kernels_support(device_type, dtype))}',
                  f'autocast {yes(autocast)}',
                  f'autocast float32 norms {yes(autocast_norms_support(device_type, dtype))}']
-        if _core.needs_loss_scaling(dtype):
+        if needs_loss_scaling(dtype):
             parts.append(f'GradScaler {yes(grad_scaler_supports(device_type))}')
         parts.append(f'fused overflow check {yes(fused_check_supports(device_type, dtype))}')
         try:

@@ -1,5 +1,5 @@
-"""Stand-ins for what older torch lacks: keyword-aware forward pre-hooks, foreach copies,
-clipping without ``foreach``.
+"""Stand-ins for what older torch lacks: keyword-aware forward hooks and pre-hooks,
+foreach copies, clipping without ``foreach``.
 
 Example:
     >>> import torch
@@ -86,6 +86,32 @@ def register_forward_pre_hook_with_kwargs(
     return _ForwardPatch(module, hook)
 
 
+def register_forward_hook_with_kwargs(
+        module: torch.nn.Module, hook: Callable[[Any, tuple, Any, Any], Any]) -> Any:
+    """``module.register_forward_hook(hook, with_kwargs=True)`` on any torch.
+
+    Where torch lacks ``with_kwargs`` (torch < 2.0) the hook is registered
+    without it and is called with ``kwargs=None``.
+
+    Args:
+        module: The module.
+        hook: ``hook(module, args, kwargs, output)``.
+
+    Returns:
+        A handle with ``remove()``.
+
+    Example:
+        >>> seen = []
+        >>> m = torch.nn.Identity()
+        >>> h = register_forward_hook_with_kwargs(m, lambda mod, a, k, o: seen.append(o.item()))
+        >>> _ = m(torch.ones(1)); h.remove(); _ = m(torch.ones(1)); seen
+        [1.0]
+    """
+    if _HOOK_KWARGS:
+        return module.register_forward_hook(hook, with_kwargs=True)
+    return module.register_forward_hook(lambda m, a, o: hook(m, a, None, o))
+
+
 def foreach_copy_(dst: Sequence[torch.Tensor], src: Sequence[torch.Tensor]) -> None:
     """``dst[i].copy_(src[i])`` for all i, one fused kernel where torch has it.
 
@@ -144,3 +170,4 @@ _clip_value = torch.nn.utils.clip_grad_value_
 _CLIP_NORM_ARGS = _parameter_names(_clip_norm)
 _CLIP_VALUE_ARGS = _parameter_names(_clip_value)
 _PRE_HOOK_KWARGS = 'with_kwargs' in _parameter_names(torch.nn.Module.register_forward_pre_hook)
+_HOOK_KWARGS = 'with_kwargs' in _parameter_names(torch.nn.Module.register_forward_hook)

@@ -1,4 +1,7 @@
-"""Every read of torch's private state, each behind a named helper that states its limits.
+"""Private GradScaler, optimizer and dispatch state, each read behind a named helper.
+
+The other private reads live with their concept (:mod:`.ops`, :mod:`.tracing`,
+:mod:`.models`, :mod:`.autocast`); none is outside :mod:`fp16utils._torch`.
 
 Each helper says what it relies on and falls back to public behaviour where it can.
 
@@ -15,7 +18,7 @@ from typing import Any
 
 import torch
 
-from . import make_grad_scaler  # noqa: F401  (the examples use it)
+from .factory import make_grad_scaler  # noqa: F401  (the examples use it)
 
 
 def optimizer_handles_unscaling(optimizer: Any) -> bool:

@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import torch
 
-from .. import _torch as _core
+from .autocast import autocast_supports
+from .dtypes import _LOW_PRECISION
+from .probes import _probe_cache
+from .versions import _decide_default, forget, has_native_amp
 
-__all__ = ['decide', 'decided', 'warm_at_import', 'warm_device']
+__all__ = ['decide', 'decided', 'refresh', 'warm_at_import', 'warm_device']
 
 #: Device modules whose runtime, once initialised, is cheap to ask about.
 _RUNTIMES = ('cuda', 'xpu', 'mtia')
@@ -38,11 +41,26 @@ def decide() -> None:
     Example:
         >>> decide()
     """
-    _core.has_native_amp()
+    has_native_amp()
     try:
-        _core._decide_default()
+        _decide_default()
     except ValueError:
         pass
+
+
+def refresh() -> None:
+    """Decide again what depends on ``TORCH_VERSION`` and the environment.
+
+    Call it after patching either (``fp16utils._torch.versions.TORCH_VERSION``,
+    ``FP16UTILS_BACKEND``); it reads them now (eagerly, so that a
+    ``torch.compile`` trace never has to). The capability probes describe the
+    installed torch and are kept.
+
+    Example:
+        >>> refresh()
+    """
+    forget()
+    decide()
 
 
 def decided(device_type: str, dtype: torch.dtype) -> bool:
@@ -52,7 +70,7 @@ def decided(device_type: str, dtype: torch.dtype) -> bool:
         >>> decided('cpu', torch.float16)
         True
     """
-    return ('autocast', device_type, dtype) in _core._probe_cache
+    return ('autocast', device_type, dtype) in _probe_cache
 
 
 def warm_device(device_type: str) -> None:
@@ -66,8 +84,8 @@ def warm_device(device_type: str) -> None:
     Example:
         >>> warm_device('cpu')
     """
-    for dtype in _core._LOW_PRECISION:
-        _core.autocast_supports(device_type, dtype)
+    for dtype in _LOW_PRECISION:
+        autocast_supports(device_type, dtype)
 
 
 def warm_at_import() -> None:
@@ -89,3 +107,6 @@ def warm_at_import() -> None:
                 warm_device(name)
         except Exception:  # noqa: BLE001 - a runtime that cannot say: leave it to first use
             pass
+
+
+warm_at_import()  # what a torch.compile trace reads is decided before any trace runs

@@ -53,7 +53,7 @@ def _dense_grads(params: List[Any]) -> List[_Tensor]:
         if grad is None:
             continue
         if grad.is_sparse:
-            grad = grad._values()
+            grad = _torch.sparse_values(grad)
         grads.append(grad)
     return grads
 

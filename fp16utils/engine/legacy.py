@@ -194,7 +194,7 @@ class LegacyEngine(StepEngine):
         else:
             grads = [p.grad for p in self.model_params if p.grad is not None]
             if grads:
-                torch._foreach_zero_(grads)
+                _torch.foreach_zero_(grads)
 
     def copy_grads_to_masters(self) -> List[_Tensor]:
         """Copy the model's gradients into the masters' (float32); return those.
@@ -212,7 +212,7 @@ class LegacyEngine(StepEngine):
                 continue
             if grad.is_sparse:
                 m.grad = grad.to(torch.float32, copy=True)
-                sparse.append(m.grad._values())
+                sparse.append(_torch.sparse_values(m.grad))
                 continue
             mgrad = m.grad
             if mgrad is None:

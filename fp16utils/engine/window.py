@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from torch import nn
-from torch.nn.modules.batchnorm import _BatchNorm
 
 from .._spec import check_positive_int
+from .._torch import BatchNormBase as _BatchNorm
 
 __all__ = ['AccumulationWindow']
 

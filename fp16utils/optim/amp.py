@@ -25,7 +25,6 @@ from torch import nn
 
 from .. import _torch
 from .._spec import check_cache_enabled, check_nonfinite_policy, parse_loss_scale
-from .._weak import CacheRef
 from ..cast import cast_tensor_type
 from ..engine import LegacyEngine, NativeEngine, OverflowGuard, ResumeState, flat_params
 from ..engine.ranks import check_setting
@@ -40,7 +39,6 @@ __all__ = ['AmpOptimWrapper', 'deferred_model_conversion', 'resolve_cast_dtype']
 _Tensor = torch.Tensor
 _UNSET: Any = object()
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
-_PARALLEL = (nn.DataParallel, nn.parallel.DistributedDataParallel)
 #: Full precision dtypes MMEngine accepts: the forward then runs without autocast.
 _FULL_PRECISION = {'float32': torch.float32, 'float64': torch.float64}
 
@@ -310,9 +308,7 @@ class AmpOptimWrapper(OptimWrapper):
         self._fp32_token = uuid.uuid4().hex
         self.backend: str = _torch.backend_for(
             backend, params[0].device.type if params else 'cpu', self.dtype, model)
-        self._ctx_model: Optional[CacheRef] = None
-        self._ctx_owner: Optional[CacheRef] = None
-        self._ctx_name = ''
+        self._ctx_path = _torch.TensorPath()
         self._model = model
         clip = self._engine.clip
         if self.backend == 'legacy':
@@ -430,7 +426,7 @@ class AmpOptimWrapper(OptimWrapper):
                 f'{type(self).__name__}: fp32_modules={self.fp32_modules!r} are applied at the '
                 'first optim_context(model), which cannot run inside torch.compile; build '
                 'the wrapper with model=model (applied then) or enter it once before compiling.')
-        inner = model.module if isinstance(model, _PARALLEL) else model
+        inner = _torch.unwrap_model(model)
         keep_fp32(inner, self.fp32_modules)
         _mark_fp32_done(model, self._fp32_token)
 
@@ -443,26 +439,8 @@ class AmpOptimWrapper(OptimWrapper):
         only the path to it is cached (not inside a trace: dynamo cannot trace weakrefs
         everywhere, and the traced graph keeps the answer anyway).
         """
-        compiling = _torch.is_compiling()
-        ref = None if compiling else self._ctx_model
-        if ref is not None and ref() is model:
-            owner = self._ctx_owner() if self._ctx_owner is not None else None
-            if owner is not None:
-                tensor = owner._parameters.get(self._ctx_name)
-                if tensor is None:
-                    tensor = owner._buffers.get(self._ctx_name)
-                if tensor is not None:
-                    return tensor.device.type
-        for kind in ('_parameters', '_buffers'):
-            for module in model.modules():
-                for name, tensor in getattr(module, kind).items():
-                    if tensor is not None:
-                        if not compiling:
-                            self._ctx_model = CacheRef(model)
-                            self._ctx_owner = CacheRef(module)
-                            self._ctx_name = name
-                        return tensor.device.type
-        return self._param_device_type()
+        device_type = _torch.module_device_type(model, None, cache=self._ctx_path)
+        return self._param_device_type() if device_type is None else device_type
 
     # -- state ------------------------------------------------------------------------------
 

@@ -125,11 +125,6 @@ def _make_wrapper(plan: _Plan, optimizer: torch.optim.Optimizer,
     return plan.wrapper_cls(**kwargs)
 
 
-def _unwrap(model: nn.Module) -> nn.Module:
-    parallel = (nn.DataParallel, nn.parallel.DistributedDataParallel)
-    return model.module if isinstance(model, parallel) else model
-
-
 def build_optim_wrapper(model: nn.Module, cfg: Mapping[str, Any]
                         ) -> Union[OptimWrapper, OptimWrapperDict]:
     """Build an optimizer wrapper (or a dict of them) from a 1.x ``optim_wrapper`` config.
@@ -212,7 +207,7 @@ def build_optim_wrapper(model: nn.Module, cfg: Mapping[str, Any]
         raise ValueError(f'optim_wrapper: constructor={constructor!r} needs one config per '
                          'sub-model, e.g. generator=dict(optimizer=...), '
                          'discriminator=dict(optimizer=...).')
-    base = _unwrap(model)
+    base = _torch.unwrap_model(model)
     children = [name for name, _ in base.named_children()]
     plans = []
     for name, entry in cfg.items():

@@ -35,8 +35,9 @@ import logging
 from typing import Any, Dict, List, Mapping, Optional
 
 from torch import nn
-from torch.nn.modules.batchnorm import _BatchNorm
-from torch.nn.modules.instancenorm import _InstanceNorm
+
+from .._torch import BatchNormBase as _BatchNorm
+from .._torch import InstanceNormBase as _InstanceNorm
 
 __all__ = ['PARAMWISE_KEYS', 'check_paramwise_cfg', 'paramwise_groups']
 

@@ -1,0 +1,66 @@
+"""Trying a thing once per process: the probe cache, and which devices are present.
+
+What the installed torch can do is found by trying it once per process (see
+the capability rules in :mod:`fp16utils._torch.caps`); never inside a dynamo
+trace (there a probe answers "cannot" and keeps nothing).
+
+Example:
+    >>> device_present('cpu')
+    True
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable
+
+import torch
+
+from .tracing import is_compiling as _is_compiling
+
+__all__ = ['device_present']
+
+#: (kind, device type, dtype or class) -> what the probe answered. Tests fill it in.
+_probe_cache: dict[tuple[str, str, Any], bool] = {}
+
+
+def _cached_probe(kind: str, device_type: str, dtype: Any,
+                  probe: Callable[[], bool]) -> bool:
+    """``probe()`` once per key (an exception means False); never inside a trace."""
+    key = (kind, device_type, dtype)
+    ok = _probe_cache.get(key)
+    if ok is None:
+        if _is_compiling():  # never probe inside a trace: "cannot", and nothing kept
+            return False
+        with warnings.catch_warnings():
+            warnings.simplefilter('ignore')
+            try:
+                ok = bool(probe())
+            except Exception:  # noqa: BLE001 - whatever torch raises means "cannot"
+                ok = False
+        _probe_cache[key] = ok
+    return ok
+
+
+def device_present(device_type: str) -> bool:
+    """Whether a device of this type is usable here (``'cpu'`` always is).
+
+    Example:
+        >>> device_present('cpu')
+        True
+    """
+    if device_type in ('cpu', 'meta'):
+        return True
+    if device_type == 'cuda':
+        return torch.cuda.is_available()
+    if device_type == 'mps':
+        mps = getattr(torch.backends, 'mps', None)
+        return bool(mps is not None and mps.is_available())
+    module = getattr(torch, device_type, None)
+    is_available = getattr(module, 'is_available', None)
+    if is_available is None:
+        return False
+    try:
+        return bool(is_available())
+    except Exception:  # noqa: BLE001
+        return False
