@@ -15,6 +15,11 @@ interval fails at the first scale update (after the weights changed), a larger
 tracker when it is loaded. mmcv's ``LossScaler`` (the legacy backend) counts in
 Python and has neither bound.
 
+Inside those bounds a dynamic scale moves between a floor (:data:`MIN_LOSS_SCALE`)
+and a ceiling (:data:`MAX_LOSS_SCALE`): :func:`grow_scale` and :func:`shrink_scale`,
+in Python floats as mmcv's ``LossScaler`` computes, or in float32 as ``GradScaler``'s
+update kernel does.
+
 Stdlib only (the config migration reads it without torch).
 
 Example:
@@ -30,12 +35,18 @@ import math
 import struct
 from typing import Any
 
-__all__ = ['F32_RECIPROCAL_LIMIT', 'MAX_GROWTH_INTERVAL', 'MAX_GROWTH_TRACKER', 'MAX_SCALE',
-           'SCALE_RANGE', 'grad_scaler_bounds_error', 'real_number', 'to_float32',
-           'usable_scale']
+__all__ = ['F32_RECIPROCAL_LIMIT', 'MAX_GROWTH_INTERVAL', 'MAX_GROWTH_TRACKER', 'MAX_LOSS_SCALE',
+           'MAX_SCALE', 'MIN_LOSS_SCALE', 'SCALE_RANGE', 'grad_scaler_bounds_error',
+           'grow_scale', 'real_number', 'shrink_scale', 'to_float32', 'usable_scale']
 
 #: The largest loss scale (the largest power of two a float32 holds).
 MAX_SCALE = 2.0**127
+#: No loss scale grows beyond this (:data:`MAX_SCALE`): a float32 loss times a larger
+#: scale, or GradScaler's float32 scale tensor, is inf.
+MAX_LOSS_SCALE = MAX_SCALE
+#: A dynamic loss scale never backs off below this (nor below its initial value),
+#: as mmcv's LossScaler never goes below 1.
+MIN_LOSS_SCALE = 1.0
 #: A double at or above this rounds to inf in float32 (the float32 maximum plus half an ulp).
 F32_RECIPROCAL_LIMIT = 2.0**128 - 2.0**103
 #: ``GradScaler.update`` passes ``growth_interval`` to torch as a C++ int64.
@@ -58,6 +69,39 @@ def to_float32(value: float) -> float:
         return struct.unpack('f', struct.pack('f', value))[0]
     except OverflowError:
         return math.copysign(math.inf, value)
+
+
+def grow_scale(scale: float, factor: float, float32: bool = False) -> float:
+    """``scale * factor``, never beyond :data:`MAX_LOSS_SCALE`.
+
+    Args:
+        scale: The scale now.
+        factor: The growth factor.
+        float32: Grow as ``GradScaler``'s update kernel grows its float32 scale
+            tensor: ``float32(float32(scale) * factor)``, and ``scale`` kept
+            where that is inf. False: in Python floats (mmcv's ``LossScaler``).
+
+    Example:
+        >>> grow_scale(2.0**127, 2.0) == MAX_LOSS_SCALE, grow_scale(3.0, 1.1, float32=True)
+        (True, 3.299999952316284)
+    """
+    if not float32:
+        return min(scale * factor, MAX_LOSS_SCALE)
+    kept = to_float32(scale)
+    grown = to_float32(kept * factor)
+    return min(grown if math.isfinite(grown) else kept, MAX_LOSS_SCALE)
+
+
+def shrink_scale(scale: float, backed_off: float, floor: float) -> float:
+    """The scale after an overflow: ``backed_off``, not below ``floor``, never above ``scale``.
+
+    An overflow never raises the scale: a scale already below the floor stays.
+
+    Example:
+        >>> shrink_scale(8.0, 4.0, 1.0), shrink_scale(1.0, 0.5, 1.0), shrink_scale(0.5, 0.25, 1.0)
+        (4.0, 1.0, 0.5)
+    """
+    return max(backed_off, min(floor, scale))
 
 
 def real_number(value: Any) -> Any:

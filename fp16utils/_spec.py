@@ -19,7 +19,14 @@ import logging
 import math
 from typing import Any, Dict, Mapping, NamedTuple, Optional, Tuple
 
-from ._limits import SCALE_RANGE, usable_scale
+from ._limits import (  # the scale's floor, ceiling and steps live there; named here too
+    MAX_LOSS_SCALE,
+    MIN_LOSS_SCALE,
+    SCALE_RANGE,
+    grow_scale,
+    shrink_scale,
+    usable_scale,
+)
 from ._whole import as_whole, window_note
 
 __all__ = [
@@ -27,7 +34,7 @@ __all__ = [
     'GRAD_SCALER_ARGS', 'GRAD_SCALER_STATE_KEYS', 'LOSS_SCALER_ARGS', 'MAX_LOSS_SCALE',
     'MIN_LOSS_SCALE', 'MMCV_DYNAMIC', 'MMCV_STATE_KEYS', 'NONFINITE_POLICIES', 'SCALE_HISTORY_LEN',
     'ScaleSpec', 'TORCH_DYNAMIC', 'check_nonfinite_policy', 'check_positive_int',
-    'check_scale', 'check_scaler_state', 'check_state_keys', 'check_stats', 'grow_scale',
+    'check_scale', 'check_scaler_state', 'check_stats', 'grow_scale',
     'grad_scaler_to_mmcv_state', 'is_number', 'is_positive_int', 'mmcv_to_grad_scaler_state',
     'shrink_scale', 'nonfinite_error', 'parse_clip_grad', 'parse_loss_scale', 'positive_finite']
 
@@ -35,12 +42,6 @@ logger = logging.getLogger('fp16utils')
 
 #: How many ``(step, scale)`` entries ``scale_history`` keeps (the latest ones).
 SCALE_HISTORY_LEN = 64
-#: The native loss scale never backs off below this (nor below its initial value),
-#: as mmcv's LossScaler never goes below 1.
-MIN_LOSS_SCALE = 1.0
-#: No loss scale grows beyond this (the largest power of two a float32 holds): a
-#: float32 loss times a larger scale, or GradScaler's float32 scale tensor, is inf.
-MAX_LOSS_SCALE = 2.0**127
 
 
 class NotADictError(ValueError, AssertionError):
@@ -93,28 +94,6 @@ def check_scale(value: Any, owner: str, name: str) -> float:
     if not usable_scale(value):
         raise ValueError(f'{owner}: {name} must be {SCALE_RANGE}, got {value!r}.')
     return float(value)
-
-
-def grow_scale(scale: float, factor: float) -> float:
-    """``scale * factor``, never beyond :data:`MAX_LOSS_SCALE`.
-
-    Example:
-        >>> grow_scale(2.0**127, 2.0) == MAX_LOSS_SCALE
-        True
-    """
-    return min(scale * factor, MAX_LOSS_SCALE)
-
-
-def shrink_scale(scale: float, backed_off: float, floor: float) -> float:
-    """The scale after an overflow: ``backed_off``, not below ``floor``, never above ``scale``.
-
-    An overflow never raises the scale: a scale already below the floor stays.
-
-    Example:
-        >>> shrink_scale(8.0, 4.0, 1.0), shrink_scale(1.0, 0.5, 1.0), shrink_scale(0.5, 0.25, 1.0)
-        (4.0, 1.0, 0.5)
-    """
-    return max(backed_off, min(floor, scale))
 
 
 def check_positive_int(value: Any, owner: str, name: str) -> int:
@@ -369,10 +348,6 @@ def check_scaler_state(state: Any, owner: str) -> str:
     return kind
 
 
-#: The old name of :func:`check_scaler_state`.
-check_state_keys = check_scaler_state
-
-
 def check_stats(stats: Any, owner: str) -> Tuple[int, list]:
     """Check saved skip statistics; return ``(skipped_steps, scale_history)``.
 
@@ -454,8 +429,6 @@ def parse_clip_grad(clip_grad: Any, owner: str) -> Optional[Tuple[str, Dict[str,
 # --------------------------------------------------------------------------- non-finite policy
 
 
-#: What to do with non-finite gradients when no dynamic loss scale can back off
-#: (bfloat16, scaling disabled, or a static scale).
 #: The MMEngine plug-in module, and the names under which it registers this package's
 #: wrappers and constructors in MMEngine's registries (standard name -> its own name).
 #: The builder reads them too, and ``convert_config(..., plugin=True)`` writes them.
@@ -468,6 +441,8 @@ PLUGIN_NAMES = {
     'MultiOptimWrapperConstructor': 'Fp16utilsMultiOptimWrapperConstructor',
 }
 
+#: What to do with non-finite gradients when no dynamic loss scale can back off
+#: (bfloat16, scaling disabled, or a static scale).
 NONFINITE_POLICIES = ('warn', 'raise', 'ignore')
 
 

@@ -167,7 +167,8 @@ def _check_decorator_args(decorator: str, apply_to: Any, flag_name: str, flag: A
             f'{getattr(apply_to, "__qualname__", apply_to)!r} as apply_to); write '
             f'@{decorator}() or @{decorator}(apply_to=(...)).')
     if not isinstance(flag, (bool, int)) and flag is not None:
-        raise TypeError(f'@{decorator}({flag_name}=...) takes True or False, got {flag!r}.')
+        raise TypeError(f'@{decorator}({flag_name}=...) takes True or False (an int or None '
+                        f'is read as its truth value), got {flag!r}.')
     types = supported_types if isinstance(supported_types, tuple) else (supported_types,)
     if not types or not all(isinstance(t, type) for t in types):
         raise TypeError(

@@ -175,7 +175,7 @@ class Fp16utilsOptimWrapperDict(OptimWrapperDict, _MMOptimWrapperDict):
 
 
 #: Standard wrapper names that this package's constructors read as its own wrappers.
-_OWN = {None: Fp16utilsOptimWrapper, 'OptimWrapper': Fp16utilsOptimWrapper,
+_OWN_WRAPPERS = {None: Fp16utilsOptimWrapper, 'OptimWrapper': Fp16utilsOptimWrapper,
         'AmpOptimWrapper': Fp16utilsAmpOptimWrapper}
 
 
@@ -219,7 +219,7 @@ class Fp16utilsOptimWrapperConstructor:
         optimizer = optimizer_cls(params, **kwargs)
         cfg = dict(self.optim_wrapper_cfg)
         wtype = cfg.pop('type', None)
-        wrapper_cls = _OWN.get(wtype) if isinstance(wtype, (str, type(None))) else None
+        wrapper_cls = _OWN_WRAPPERS.get(wtype) if isinstance(wtype, (str, type(None))) else None
         if wrapper_cls is None:
             wrapper_cls = _lookup(OPTIM_WRAPPERS, wtype, 'wrapper')
         if issubclass(wrapper_cls, AmpOptimWrapper):

@@ -71,48 +71,54 @@ def grad_scaler_found_inf(scaler: Any, optimizer: Any) -> dict[Any, torch.Tensor
     return scaler._per_optimizer_states[id(optimizer)]['found_inf_per_device']
 
 
-class _ObservedScaler:
-    """Mixin for a GradScaler: counts the state changes made from outside fp16utils.
+#: The GradScaler class that :func:`make_grad_scaler` builds on this torch.
+_GRAD_SCALER: type = getattr(getattr(torch, 'amp', None), 'GradScaler', None) or (
+    torch.cuda.amp.GradScaler)
+
+
+class ObservedGradScaler(_GRAD_SCALER):  # type: ignore[misc, valid-type]
+    """A GradScaler that counts the state changes made to it from outside fp16utils.
 
     ``load_state_dict`` and ``update`` (with or without ``new_scale``: code that
-    drives the scaler itself, as a 0.x hook's own ``after_train_iter`` does) bump
-    ``_fp16utils_changes``, so an owner that mirrors the scale on the host (to
-    read it without a device sync) can tell that its mirror is stale. fp16utils makes its own
-    calls through :func:`quiet_grad_scaler_update` / :func:`quiet_grad_scaler_load`.
-    A pickled or deep-copied scaler is a plain GradScaler again.
+    drives the scaler itself, as a 0.x hook's own ``after_train_iter`` does)
+    bump the count that :func:`grad_scaler_changes` reads, so that whoever
+    mirrors the scale on the host (to read it without a device sync) can tell
+    that its mirror is stale. fp16utils makes its own calls through
+    :func:`quiet_grad_scaler_update` / :func:`quiet_grad_scaler_load`. A
+    pickled or deep-copied one is a plain GradScaler again (nobody watches it).
+    Make one with :func:`make_observed_grad_scaler`.
     """
 
-    _fp16utils_base: type
     _fp16utils_changes = 0
     _fp16utils_check: Any = None
 
     def load_state_dict(self, state_dict: Any) -> None:
         if self._fp16utils_check is not None:
             self._fp16utils_check(state_dict)
-        super().load_state_dict(state_dict)  # type: ignore[misc]
+        super().load_state_dict(state_dict)
         self._fp16utils_changes += 1
 
     def update(self, new_scale: Any = None) -> None:
         if new_scale is not None and self._fp16utils_check is not None:
             value = new_scale.item() if isinstance(new_scale, torch.Tensor) else new_scale
-            self._fp16utils_check(dict(self.state_dict(), scale=value))  # type: ignore
-        super().update(new_scale)  # type: ignore[misc]
+            self._fp16utils_check(dict(self.state_dict(), scale=value))
+        super().update(new_scale)
         self._fp16utils_changes += 1
 
     def _fp16utils_plain_state(self) -> dict[str, Any]:
-        state = self.__getstate__()  # type: ignore[misc]
+        state = self.__getstate__()
         state.pop('_fp16utils_changes', None)
         state.pop('_fp16utils_check', None)
         return state
 
     def __reduce_ex__(self, protocol: Any) -> Any:
-        return _plain_grad_scaler, (self._fp16utils_base, self._fp16utils_plain_state())
+        return _plain_grad_scaler, (_GRAD_SCALER, self._fp16utils_plain_state())
 
     def __deepcopy__(self, memo: Any) -> Any:
         import copy
 
         state = copy.deepcopy(self._fp16utils_plain_state(), memo)
-        return _plain_grad_scaler(self._fp16utils_base, state)
+        return _plain_grad_scaler(_GRAD_SCALER, state)
 
 
 def _plain_grad_scaler(cls: type, state: dict[str, Any]) -> Any:
@@ -121,57 +127,102 @@ def _plain_grad_scaler(cls: type, state: dict[str, Any]) -> Any:
     return scaler
 
 
-_OBSERVED_CLASSES: dict[type, type] = {}
-
-
-def observe_grad_scaler(scaler: Any, check: Any = None) -> Any:
-    """Make ``scaler`` count the state changes made to it from outside fp16utils.
-
-    Read the count with :func:`grad_scaler_changes`. The scaler stays an
-    instance of its class (a subclass is swapped in).
+def make_observed_grad_scaler(device_type: str, check: Any = None,
+                              **kwargs: Any) -> ObservedGradScaler:
+    """:func:`make_grad_scaler`, as an :class:`ObservedGradScaler`.
 
     Args:
-        scaler: A GradScaler.
+        device_type: The device the gradients live on.
         check: Called with each state loaded from outside (and with the state
             an outside ``update(new_scale)`` would make) before it is applied;
             it raises to refuse it. None: no check.
+        **kwargs: :func:`make_grad_scaler`'s arguments.
 
     Example:
-        >>> scaler = observe_grad_scaler(make_grad_scaler('cpu', init_scale=8.0))
-        >>> before = grad_scaler_changes(scaler)
+        >>> scaler = make_observed_grad_scaler('cpu', init_scale=8.0)
         >>> scaler.load_state_dict(dict(scaler.state_dict(), scale=4.0))
-        >>> grad_scaler_changes(scaler) - before, scaler.get_scale()
+        >>> grad_scaler_changes(scaler), scaler.get_scale()
         (1, 4.0)
     """
-    base = type(scaler)
+    return observed_grad_scaler(make_grad_scaler(device_type, **kwargs), check)
+
+
+def observed_grad_scaler(scaler: Any, check: Any = None) -> ObservedGradScaler:
+    """An :class:`ObservedGradScaler` that takes over the state of ``scaler``.
+
+    For a plain GradScaler that nobody else holds: one just made, or one
+    that came back plain from ``pickle`` (the two share their scale tensors).
+
+    Example:
+        >>> observed_grad_scaler(make_grad_scaler('cpu', init_scale=8.0)).get_scale()
+        8.0
+    """
+    observed = ObservedGradScaler.__new__(ObservedGradScaler)
+    observed.__dict__.update(vars(scaler))
     if check is not None:
-        scaler._fp16utils_check = check
-    if isinstance(scaler, _ObservedScaler):
-        return scaler
-    cls = _OBSERVED_CLASSES.get(base)
-    if cls is None:
-        cls = type(base.__name__, (_ObservedScaler, base), {'_fp16utils_base': base})
-        cls.__module__ = base.__module__
-        _OBSERVED_CLASSES[base] = cls
-    scaler.__class__ = cls
-    return scaler
+        observed._fp16utils_check = check
+    return observed
 
 
 def grad_scaler_changes(scaler: Any) -> int:
-    """How many outside ``load_state_dict`` / ``update`` calls ``scaler`` had."""
+    """How many outside ``load_state_dict`` / ``update`` calls ``scaler`` had.
+
+    Counted by an :class:`ObservedGradScaler`; 0 for any other scaler (see
+    :func:`grad_scaler_fingerprint` for those).
+    """
     return getattr(scaler, '_fp16utils_changes', 0)
+
+
+def _version(tensor: Any) -> int:
+    """``tensor._version`` (0 for None: a GradScaler's lazy tensors start from its init values)."""
+    return 0 if tensor is None else tensor._version
+
+
+def grad_scaler_fingerprint(scaler: Any) -> Any:
+    """What any change to a GradScaler's state changes, read on the host (no sync).
+
+    For a GradScaler given from outside, which counts nothing: two equal
+    fingerprints mean that nobody loaded a state into it or updated it in
+    between. Relies on the private ``_scale`` and ``_growth_tracker`` tensors
+    (their in-place version counters: ``update`` and ``load_state_dict`` change
+    them in place) and the private ``_init_scale``, ``_init_growth_tracker``,
+    ``_growth_factor``, ``_backoff_factor`` and ``_growth_interval``. Where
+    those cannot be read (another scaler class, inference tensors), a new
+    object that equals nothing: the state is then re-read every time.
+
+    Example:
+        >>> scaler = make_grad_scaler('cpu', init_scale=8.0)
+        >>> before = grad_scaler_fingerprint(scaler)
+        >>> _ = scaler.scale(torch.ones(1))  # makes the scale tensor: no change
+        >>> same = grad_scaler_fingerprint(scaler) == before
+        >>> scaler.update(4.0)
+        >>> same, grad_scaler_fingerprint(scaler) == before
+        (True, False)
+    """
+    attrs = getattr(scaler, '__dict__', {})
+    try:
+        interval = attrs['_growth_interval']
+        return (_version(attrs['_scale']), _version(attrs['_growth_tracker']),
+                attrs['_init_scale'], attrs['_init_growth_tracker'], attrs['_growth_factor'],
+                attrs['_backoff_factor'], interval, type(interval))
+    except (KeyError, AttributeError, RuntimeError):
+        return object()
 
 
 def quiet_grad_scaler_update(scaler: Any, new_scale: Any = None) -> None:
     """``scaler.update(new_scale)`` without counting it as an outside change."""
-    base = getattr(scaler, '_fp16utils_base', None)
-    (base.update if base is not None else type(scaler).update)(scaler, new_scale)
+    if isinstance(scaler, ObservedGradScaler):
+        _GRAD_SCALER.update(scaler, new_scale)
+    else:
+        scaler.update(new_scale)
 
 
 def quiet_grad_scaler_load(scaler: Any, state: Any) -> None:
     """``scaler.load_state_dict(state)`` without counting it as an outside change."""
-    base = getattr(scaler, '_fp16utils_base', None)
-    (base.load_state_dict if base is not None else type(scaler).load_state_dict)(scaler, state)
+    if isinstance(scaler, ObservedGradScaler):
+        _GRAD_SCALER.load_state_dict(scaler, state)
+    else:
+        scaler.load_state_dict(state)
 
 
 def reset_grad_scaler_step(scaler: Any) -> None:

@@ -178,7 +178,7 @@ class StepEngine:
         #: when the ranks agree): folded into the agreed flag, raised on every rank.
         self.veto: Optional[BaseException] = None
 
-    # -- what the owner reads ----------------------------------------------------------------
+    # -- what the wrapper or hook reads -------------------------------------------------------
 
     @property
     def loss_scale(self) -> float:

@@ -28,10 +28,6 @@ _Tensor = torch.Tensor
 _TORCH_LOAD = torch.optim.Optimizer.load_state_dict
 
 
-def _same_setup(owner: str) -> str:
-    return f'{owner}: the saved optimizer state'
-
-
 def check_optimizer_state(optimizer: Any, state: Any, owner: str) -> None:
     """Raise when ``state`` does not fit ``optimizer``'s param groups.
 
@@ -55,7 +51,7 @@ def check_optimizer_state(optimizer: Any, state: Any, owner: str) -> None:
     """
     if getattr(type(optimizer), 'load_state_dict', None) is not _TORCH_LOAD:
         return
-    where = _same_setup(owner)
+    where = f'{owner}: the saved optimizer state'
     hint = 'load a state saved from the same model and optimizer configuration.'
     if not isinstance(state, Mapping) or not isinstance(state.get('state'), Mapping) or (
             not isinstance(state.get('param_groups'), (list, tuple))):

@@ -39,7 +39,7 @@ class OverflowGuard:
 
     Armed after ``max_consecutive`` skipped steps in a row, or after a skip
     that leaves the dynamic loss scale at its floor; it then stays quiet
-    until a step is taken (one diagnosis per streak). The owner calls
+    until a step is taken (one diagnosis per streak). The wrapper (or hook) calls
     :meth:`watch` when the next forward starts and :meth:`check` after its
     backward.
 

@@ -1,9 +1,9 @@
-"""Iterations that raise: the owner's side (its counters, the gradients left behind, the guard).
+"""Iterations that raise: the wrapper's (or hook's) counters, leftover gradients, the guard.
 
 An iteration can raise anywhere: ``KeyboardInterrupt`` in a notebook, an error
 in a forward hook, ``nonfinite='raise'``, the overflow guard. The engine puts
-its own state back (see :meth:`StepEngine.step`); the owner (an optimizer
-wrapper, a runner hook) does the same with its counters, and uses
+its own state back (see :meth:`StepEngine.step`); the optimizer wrapper or
+runner hook that drives it does the same with its counters, and uses
 :class:`Leftovers` for the gradients the iteration left:
 
 - raised in the forward: nothing changed, the gradients of an accumulation

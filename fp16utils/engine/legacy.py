@@ -20,7 +20,13 @@ import torch
 from torch import nn
 
 from .. import _torch
-from .._spec import ScaleSpec, grad_scaler_to_mmcv_state, mmcv_to_grad_scaler_state, nonfinite_error
+from .._spec import (
+    MIN_LOSS_SCALE,
+    ScaleSpec,
+    grad_scaler_to_mmcv_state,
+    mmcv_to_grad_scaler_state,
+    nonfinite_error,
+)
 from ..scaler import LossScaler, non_finite_check_
 from . import ranks
 from .base import Clip, StepEngine, flat_params
@@ -172,7 +178,7 @@ class LegacyEngine(StepEngine):
     @property
     def at_scale_floor(self) -> bool:
         scaler = self.loss_scaler
-        return self.enabled and scaler.mode == 'dynamic' and scaler.cur_scale <= 1.0
+        return self.enabled and scaler.mode == 'dynamic' and scaler.cur_scale <= MIN_LOSS_SCALE
 
     @property
     def masters(self) -> List[nn.Parameter]:

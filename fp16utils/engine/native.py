@@ -10,24 +10,17 @@ Example:
 
 from __future__ import annotations
 
-import math
 from typing import Any, Callable, Dict, Mapping, Optional
 
 import torch
 
 from .. import _torch
-from .._limits import grad_scaler_bounds_error, to_float32
-from .._spec import (
-    MAX_LOSS_SCALE,
-    MIN_LOSS_SCALE,
-    ScaleSpec,
-    check_scaler_state,
-    mmcv_to_grad_scaler_state,
-    nonfinite_error,
-    shrink_scale,
-)
+from .._limits import grad_scaler_bounds_error
+from .._spec import ScaleSpec, check_scaler_state, mmcv_to_grad_scaler_state, nonfinite_error
+from .._torch import state as _state
 from . import ranks
 from .base import Clip, StepEngine
+from .host_scale import HostScale
 
 __all__ = ['NativeEngine']
 
@@ -43,10 +36,19 @@ class NativeEngine(StepEngine):
     optimizer only when they are clear, as ``GradScaler.step`` does.
     Optimizers that handle scaling in their own kernels (``fused=True``) go
     through ``GradScaler.step`` itself. The scale and growth tracker are
-    mirrored on the host, so ``state_dict()`` and ``loss_scale`` cost no
-    sync; the scale is read back (one more sync) only on the rare steps where
-    it changes, and re-read whenever somebody else loads a state into, or
-    sets the scale of, the GradScaler.
+    mirrored on the host (:class:`~.host_scale.HostScale`, which moves them as
+    GradScaler's update kernel does), so ``state_dict()`` and ``loss_scale``
+    cost no sync, nor does a step that backs off or grows the scale; the state
+    is re-read (one sync) only when somebody else loads a state into, or sets
+    the scale of, the GradScaler.
+
+    The GradScaler made here is an
+    :class:`~fp16utils._torch.state.ObservedGradScaler`, which counts such
+    outside changes and checks a state loaded from outside before it is
+    applied. A GradScaler given with :meth:`adopt_scaler` is kept as it is
+    (its class, its identity) and watched through its host-side fingerprint
+    (:func:`~fp16utils._torch.state.grad_scaler_fingerprint`): an unusable
+    state loaded into it from outside is refused when the engine next looks.
 
     Args:
         spec: The parsed ``loss_scale``.
@@ -73,44 +75,43 @@ class NativeEngine(StepEngine):
         self.agree_across_ranks = agree_across_ranks
         self.enabled = spec.enabled and _torch.needs_loss_scaling(dtype)
         self.static = spec.static
-        # GradScaler has no floor: a long run of overflows would shrink the scale
-        # until 1/scale is inf and unscaling a clean gradient gives 0 * inf = nan.
-        self._min_scale = min(MIN_LOSS_SCALE, spec.init_scale)
+        self._host = HostScale(spec)
         self._device_type = device_type
         self._scaler: Optional[Any] = None
-        self._seen_changes = 0
-        self._scale = spec.init_scale
-        self._tracker = 0
-        self._growth_factor = spec.growth_factor
-        self._backoff_factor = spec.backoff_factor
-        self._growth_interval = spec.growth_interval
+        self._made_here = True  # an ObservedGradScaler made here, not one adopted
+        self._seen_changes: Any = 0
         if self.enabled:
             problem = grad_scaler_bounds_error(owner, 0 if spec.static else spec.growth_interval)
             if problem:
                 raise ValueError(problem)
-            self._note_scale(0, self._scale)
+            self._note_scale(0, self._host.scale)
 
     @property
     def scaler(self) -> Any:
         """The GradScaler, made on first use for the gradients' device."""
         scaler = self._scaler
         if scaler is None:
-            scaler = _torch.make_grad_scaler(
-                self._device_type(), init_scale=self._scale,
-                growth_factor=self._growth_factor, backoff_factor=self._backoff_factor,
-                growth_interval=self._growth_interval, enabled=self.enabled)
+            host = self._host
+            args = dict(init_scale=host.scale, growth_factor=host.growth_factor,
+                        backoff_factor=host.backoff_factor,
+                        growth_interval=host.growth_interval, enabled=self.enabled)
             if self.enabled:
-                scaler.load_state_dict(self._mirror())
-                scaler = _torch.observe_grad_scaler(scaler, self._check_outside_state)
-                self._seen_changes = _torch.grad_scaler_changes(scaler)
-            self._scaler = scaler
+                scaler = _state.make_observed_grad_scaler(
+                    self._device_type(), self._check_outside_state, **args)
+                _torch.quiet_grad_scaler_load(scaler, host.state_dict())  # the tracker too
+            else:
+                scaler = _torch.make_grad_scaler(self._device_type(), **args)
+            self._scaler, self._made_here = scaler, True
+            self._seen_changes = self._changes(scaler)
         return scaler
 
     def adopt_scaler(self, scaler: Any) -> None:
         """Scale with ``scaler``, a GradScaler made elsewhere, from now on (one sync).
 
-        Its state becomes the host mirror and it is watched like the engine's
-        own; a disabled one turns scaling off, as it would in plain torch.
+        Its state becomes the host mirror; it stays as it is (its class, its
+        methods: a ``ShardedGradScaler`` keeps agreeing across ranks) and is
+        watched through its host-side fingerprint. A disabled one turns scaling
+        off, as it would in plain torch.
         """
         if not all(callable(getattr(scaler, name, None))
                    for name in ('scale', 'unscale_', 'update', 'is_enabled', 'state_dict')):
@@ -119,34 +120,49 @@ class NativeEngine(StepEngine):
                 f"{type(scaler).__name__}, which lacks its methods. Give a GradScaler (or "
                 "backend='legacy' for an mmcv LossScaler).")
         self.enabled = bool(scaler.is_enabled())
-        self._scaler, self._seen_changes = scaler, 0
+        self._scaler, self._made_here = scaler, False
+        self._seen_changes = self._changes(scaler)
         if self.enabled:
-            self._set_mirror(scaler.state_dict())
-            self._min_scale = min(MIN_LOSS_SCALE, self._scale)
-            self._scaler = _torch.observe_grad_scaler(scaler, self._check_outside_state)
-            self._seen_changes = _torch.grad_scaler_changes(self._scaler)
+            self._host.load_state_dict(scaler.state_dict())
+            self._host.lower_floor_to_scale()
             self._note_scale(self.scale_history[-1][0] if self.scale_history else 0,
-                             self._scale)
+                             self._host.scale)
 
     @property
     def loss_scale(self) -> float:
         if not self.enabled:
             return 1.0
         self._follow_scaler()
-        return self._scale
+        return self._host.scale
 
     @property
     def at_scale_floor(self) -> bool:
-        return self.enabled and not self.static and self.loss_scale <= self._min_scale
+        return self.enabled and not self.static and self.loss_scale <= self._host.min_scale
 
     @staticmethod
-    def _check_outside_state(state: Any) -> None:
+    def _check_outside_state(state: Any, where: str = 'GradScaler.load_state_dict()') -> None:
         """Refuse a state loaded into the GradScaler from outside that is not usable."""
-        if check_scaler_state(state, 'GradScaler.load_state_dict()') != 'torch':
-            raise KeyError("GradScaler.load_state_dict() takes GradScaler.state_dict()'s keys, "
-                           "got mmcv LossScaler's; load it through the wrapper's (or hook's) "
+        if check_scaler_state(state, where) != 'torch':
+            raise KeyError(f"{where} takes GradScaler.state_dict()'s keys, got mmcv "
+                           "LossScaler's; load it through the wrapper's (or hook's) "
                            'load_state_dict instead.')
-        NativeEngine._check_bounds(state, False, 'GradScaler.load_state_dict()')
+        NativeEngine._check_bounds(state, False, where)
+
+    def _changes(self, scaler: Any) -> Any:
+        """What an outside change to ``scaler`` changes: a count, or a fingerprint."""
+        if self._made_here:
+            return _state.grad_scaler_changes(scaler)
+        return _state.grad_scaler_fingerprint(scaler)
+
+    def _quiet_update(self, scaler: Any, new_scale: Any = None) -> None:
+        """``scaler.update(new_scale)``, not taken for an outside change."""
+        _torch.quiet_grad_scaler_update(scaler, new_scale)
+        self._seen_changes = self._changes(scaler)
+
+    def _quiet_load(self, scaler: Any) -> None:
+        """Give ``scaler`` the host mirror, not taken for an outside change."""
+        _torch.quiet_grad_scaler_load(scaler, self._host.state_dict())
+        self._seen_changes = self._changes(scaler)
 
     def _check_scaler_state(self, state: Mapping[str, Any], owner: str) -> None:
         if check_scaler_state(state, owner) == 'mmcv':
@@ -169,15 +185,23 @@ class NativeEngine(StepEngine):
         scaler = self._scaler
         if scaler is None:
             return
-        changes = _torch.grad_scaler_changes(scaler)
+        changes = self._changes(scaler)
         if changes == self._seen_changes:
             return
-        self._seen_changes = changes
         state = scaler.state_dict()
-        self._set_mirror(state)
+        if not self._made_here and self.enabled:  # not checked before it was applied
+            try:
+                self._check_outside_state(state, 'the GradScaler given to fp16utils')
+            except ValueError as err:
+                self._quiet_load(scaler)
+                raise ValueError(f'{err} Its state was changed from outside (load_state_dict '
+                                 'or update); the last usable state was put back.') from None
+        self._seen_changes = changes
+        self._host.load_state_dict(state)
         if type(state['growth_interval']) is not int:  # 2.0: torch's update needs an int
-            _torch.quiet_grad_scaler_load(scaler, self._mirror())
-        self._note_scale(self.scale_history[-1][0] if self.scale_history else 0, self._scale)
+            self._quiet_load(scaler)
+        self._note_scale(self.scale_history[-1][0] if self.scale_history else 0,
+                         self._host.scale)
 
     def backward(self, loss: _Tensor, **kwargs: Any) -> None:
         if self.enabled:
@@ -210,7 +234,7 @@ class NativeEngine(StepEngine):
             self.clip_grads(optimizer)
         self._follow_scaler()
         found = _torch.grad_scaler_found_inf(scaler, optimizer)
-        quiet = _torch.quiet_grad_scaler_update
+        host = self._host
         reduce, _ = self._agreement()
         if reduce is not None:  # in place: fused kernels and the update see the agreed flag
             found = ranks.agree_found(found, self._device_type(), reduce)
@@ -219,7 +243,7 @@ class NativeEngine(StepEngine):
                 self.clip_grads(optimizer)
             optimizer.step(**kwargs)
             self.committed = 'plain'
-            quiet(scaler, self._scale)
+            self._quiet_update(scaler, host.scale)
             return False
         # The one device sync of the step (GradScaler.step would do the same).
         if len(found) == 1:
@@ -236,16 +260,21 @@ class NativeEngine(StepEngine):
             optimizer.step(**kwargs)  # what GradScaler.step does once the flag is known
         if not skipped:
             self.committed = 'plain' if self.static else 'step'
-        old = self._scale
+        old = host.scale
         if self.static:
-            quiet(scaler, old)
+            self._quiet_update(scaler, old)
             if skipped and self.nonfinite == 'raise':
                 raise nonfinite_error(step, f'with the static loss scale {old}')
-        elif skipped:
-            self._back_off(scaler, old)
         else:
-            self._count_clean_step(scaler)
-        self._record(step, skipped, old, self._scale)
+            # GradScaler's update (the tracker, its per-iteration records), then the
+            # scale that the host computed, floored and capped, when it changed: the
+            # host knows it without reading the device.
+            self._quiet_update(scaler)
+            if skipped:
+                host.back_off()
+            if skipped or host.count_clean():
+                self._quiet_update(scaler, host.scale)
+        self._record(step, skipped, old, host.scale)
         return skipped
 
     def _clip_raises_on_nonfinite(self) -> bool:
@@ -257,28 +286,25 @@ class NativeEngine(StepEngine):
 
     def save_point(self) -> Any:
         self._follow_scaler()  # an outside change made before the step is kept
-        return super().save_point(), self._scale, self._tracker
+        return super().save_point(), self._host.save()
 
     def roll_back(self, token: Any) -> None:
-        base, self._scale, self._tracker = token
+        base, saved = token
+        self._host.restore(saved)
         super().roll_back(base)
         self._reload_scaler()
 
     def _settle(self, token: Any, step: int) -> None:
         """The optimizer stepped: count the clean step as the GradScaler's update would."""
-        base, old, tracker = token
+        base, saved = token
         super()._settle(base, step)
-        self._scale, self._tracker = old, tracker
+        host = self._host
+        host.restore(saved)
+        old = host.scale
         if self.committed == 'step':
-            tracker += 1
-            if tracker == self._growth_interval:
-                tracker = 0
-                # GradScaler's update kernel: float32(scale * factor), kept only when finite.
-                grown = to_float32(to_float32(old) * self._growth_factor)
-                self._scale = min(grown if math.isfinite(grown) else old, MAX_LOSS_SCALE)
-            self._tracker = tracker
+            host.count_clean()
         self._reload_scaler()
-        self._record(step, False, old, self._scale)
+        self._record(step, False, old, host.scale)
 
     def _reload_scaler(self) -> None:
         """Give the GradScaler the host mirror and a fresh iteration."""
@@ -286,29 +312,7 @@ class NativeEngine(StepEngine):
         if scaler is None or not self.enabled:
             return
         _torch.reset_grad_scaler_step(scaler)
-        _torch.quiet_grad_scaler_load(scaler, self._mirror())
-
-    def _back_off(self, scaler: Any, old: float) -> None:
-        """After an overflow: GradScaler's backoff, floored, and never above ``old``."""
-        _torch.quiet_grad_scaler_update(scaler)
-        self._tracker = 0
-        backed_off = scaler.get_scale()
-        scale = shrink_scale(old, backed_off, self._min_scale)
-        if scale != backed_off:
-            _torch.quiet_grad_scaler_update(scaler, scale)
-        self._scale = scale
-
-    def _count_clean_step(self, scaler: Any) -> None:
-        """After a clean step: GradScaler's growth, every interval, up to the ceiling."""
-        _torch.quiet_grad_scaler_update(scaler)
-        self._tracker += 1
-        if self._tracker == self._growth_interval:
-            self._tracker = 0
-            grown = scaler.get_scale()
-            if not grown <= MAX_LOSS_SCALE:  # float32 overflowed to inf
-                grown = MAX_LOSS_SCALE
-                _torch.quiet_grad_scaler_update(scaler, grown)
-            self._scale = grown
+        self._quiet_load(scaler)
 
     def state_dict(self) -> Dict[str, Any]:
         """``GradScaler.state_dict()``, built from the host mirror (no sync).
@@ -318,24 +322,21 @@ class NativeEngine(StepEngine):
         GradScaler (MMEngine's, mmcv's on a GPU) refuses to load.
         """
         self._follow_scaler()
-        return self._mirror()
+        return self._host.state_dict()
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
-        """After ``pickle``/``copy.deepcopy``: watch the (plain again) GradScaler as before."""
+        """After ``pickle``/``copy.deepcopy``: watch the GradScaler as before.
+
+        The one made here comes back a plain GradScaler: an ObservedGradScaler
+        takes over its state.
+        """
         self.__dict__.update(state)
         scaler = self._scaler
         if scaler is not None and self.enabled:
-            self._scaler = _torch.observe_grad_scaler(scaler, self._check_outside_state)
-            self._seen_changes = _torch.grad_scaler_changes(self._scaler)
-
-    def _mirror(self) -> Dict[str, Any]:
-        return {
-            'scale': self._scale,
-            'growth_factor': self._growth_factor,
-            'backoff_factor': self._backoff_factor,
-            'growth_interval': self._growth_interval,
-            '_growth_tracker': self._tracker,
-        }
+            if self._made_here:
+                self._scaler = scaler = _state.observed_grad_scaler(
+                    scaler, self._check_outside_state)
+            self._seen_changes = self._changes(scaler)
 
     def _load_scaler_state(self, state: Mapping[str, Any]) -> None:
         if 'cur_scale' in state:
@@ -343,13 +344,6 @@ class NativeEngine(StepEngine):
         else:
             new = dict(state)
         self._follow_scaler()  # an outside change made before this load is superseded
-        self._set_mirror(new)
+        self._host.load_state_dict(new)
         if self._scaler is not None:
-            _torch.quiet_grad_scaler_load(self._scaler, self._mirror())
-
-    def _set_mirror(self, state: Mapping[str, Any]) -> None:
-        self._scale = float(state['scale'])
-        self._tracker = int(state['_growth_tracker'])
-        self._growth_factor = float(state['growth_factor'])
-        self._backoff_factor = float(state['backoff_factor'])
-        self._growth_interval = int(state['growth_interval'])
+            self._quiet_load(self._scaler)

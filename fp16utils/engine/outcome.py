@@ -135,9 +135,9 @@ def take_step(engine: StepEngine, optimizer: torch.optim.Optimizer, step: int,
         optimizer: The optimizer to step.
         step: The iteration number, for the engine's records and messages.
         kwargs: Keyword arguments of ``optimizer.step``.
-        done: The owner's bookkeeping, called with the result; also when the
-            step raises after the optimizer applied the update (the exception
-            then goes on), so that the owner's counters match the weights.
+        done: The wrapper's (or hook's) bookkeeping, called with the result; also
+            when the step raises after the optimizer applied the update (the
+            exception then goes on), so that its counters match the weights.
 
     Returns:
         The :class:`StepResult` of the step (stepped or skipped).
