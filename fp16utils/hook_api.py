@@ -26,11 +26,8 @@ Example:
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
 import logging
-import sys
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Optional
 
 import torch
 from torch import nn
@@ -38,19 +35,20 @@ from torch import nn
 from . import _torch
 from ._spec import parse_clip_grad
 from ._torch import BatchNormBase as _BatchNorm
-from .runner_hook import RunnerHook
+from .runner_hook import RunnerHook, follow_mmcv, follows_mmcv, set_base
 
 __all__ = ['CumulativeHookApi', 'OptimizerHookApi', 'follow_mmcv', 'set_base']
 
 logger = logging.getLogger('fp16utils')
 
 
+@follows_mmcv
 class OptimizerHookApi(RunnerHook):
     """mmcv's ``OptimizerHook`` / ``Fp16OptimizerHook`` API, for the hooks' subclasses.
 
     The base of :class:`~fp16utils.Fp16OptimizerHook`. Its own base is this
     package's plain runner hook, or ``mmcv.runner.Hook`` once mmcv's runner is
-    imported (see :mod:`fp16utils.hooks`).
+    imported (see :mod:`fp16utils.runner_hook`).
 
     Attributes:
         grad_clip: The clipping settings (None, ``dict(max_norm=..., norm_type=2)``
@@ -318,8 +316,9 @@ class OptimizerHookApi(RunnerHook):
 class CumulativeHookApi:
     """What mmcv's ``GradientCumulativeOptimizerHook`` adds to the API, for subclasses.
 
-    ``cumulative_iters``, ``divisible_iters``, ``remainder_iters``,
-    ``initialized`` and ``_init(runner)`` are on
+    ``divisible_iters``, ``remainder_iters`` and ``initialized`` are views of
+    the hook's one accumulation window (settable, as mmcv's attributes are);
+    ``cumulative_iters`` and ``_init(runner)`` are on
     :class:`~fp16utils.GradientCumulativeFp16OptimizerHook` itself.
 
     Example:
@@ -329,6 +328,37 @@ class CumulativeHookApi:
         >>> hook.has_batch_norm(nn.Sequential(nn.Conv2d(1, 1, 1), nn.BatchNorm2d(1)))
         True
     """
+
+    _driver: Any  #: The hook's :class:`~fp16utils.engine.driver.StepDriver`.
+
+    @property
+    def divisible_iters(self) -> int:
+        """Iterations before the last, shorter window (0 until :meth:`_init`)."""
+        return self._driver.window.divisible
+
+    @divisible_iters.setter
+    def divisible_iters(self, value: int) -> None:
+        window = self._driver.window
+        window.max_counts = int(value) + window.remainder
+
+    @property
+    def remainder_iters(self) -> int:
+        """Iterations of the last, shorter window (0 when the total is a multiple)."""
+        return self._driver.window.remainder
+
+    @remainder_iters.setter
+    def remainder_iters(self, value: int) -> None:
+        window = self._driver.window
+        window.max_counts, window.remainder = window.divisible + int(value), int(value)
+
+    @property
+    def initialized(self) -> bool:
+        """Whether :meth:`_init` has run in this run."""
+        return self._driver.window.started
+
+    @initialized.setter
+    def initialized(self, value: bool) -> None:
+        self._driver.window.started = bool(value)
 
     def has_batch_norm(self, module: nn.Module) -> bool:
         """Whether ``module`` or any module inside it is a batch norm (mmcv's check)."""
@@ -343,7 +373,7 @@ class CumulativeHookApi:
         ``cumulative_iters``, or, in the last, shorter window when the total is
         not a multiple of it, that window's length.
         """
-        return self._window.divisor(runner.iter)  # type: ignore[attr-defined]
+        return self._driver.window.divisor(runner.iter)
 
 
 def _loss_scale_of(scaler: Any) -> Any:
@@ -360,70 +390,3 @@ def _loss_scale_of(scaler: Any) -> Any:
 
 def _snapshot(settings: Optional[dict]) -> Optional[dict]:
     return None if settings is None else dict(settings)
-
-
-# -- mmcv's Hook as the base, once mmcv's runner is imported ---------------------------------
-
-#: The module that defines ``mmcv.runner.Hook`` (mmcv 0.x and 1.x; mmcv 2.x has none).
-_MMCV_HOOK_MODULE = 'mmcv.runner.hooks.hook'
-
-
-def set_base(base: Optional[type] = None) -> None:
-    """Make ``base`` (mmcv's ``Hook``; None: the plain base) the base of the hooks.
-
-    :class:`OptimizerHookApi`'s base changes, so both hook classes follow (they
-    derive from it), and so do hooks that users derive from them. Existing hook
-    objects follow too (``isinstance`` reads the class's bases).
-    """
-    base = RunnerHook if base is None else base
-    if OptimizerHookApi.__bases__ == (base,):
-        return
-    try:
-        OptimizerHookApi.__bases__ = (base,)
-    except TypeError as err:  # a user class that lists mmcv's Hook before ours
-        logger.warning('fp16utils hooks could not take %s.%s as their base (%s); mmcv '
-                       'runners will refuse them.', base.__module__, base.__qualname__, err)
-
-
-def follow_mmcv() -> None:
-    """Take ``mmcv.runner.Hook`` as the base if mmcv's hook module is imported; never import it."""
-    module = sys.modules.get(_MMCV_HOOK_MODULE)
-    base = getattr(module, 'Hook', None)
-    if isinstance(base, type) and base is not OptimizerHookApi.__bases__[0]:
-        set_base(base)
-
-
-class _LoaderThenFollow(importlib.abc.Loader):
-    """Loads mmcv's hook module with its own loader, then calls :func:`follow_mmcv`."""
-
-    def __init__(self, loader: Any) -> None:
-        self._loader = loader
-
-    def create_module(self, spec: Any) -> Any:
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module: Any) -> None:
-        self._loader.exec_module(module)
-        follow_mmcv()
-
-    def __getattr__(self, name: str) -> Any:  # get_source, get_filename, ...: the real loader's
-        return getattr(self._loader, name)
-
-
-class _MmcvHookWatcher(importlib.abc.MetaPathFinder):
-    """Notices the import of mmcv's hook module (``sys.meta_path``); finds nothing else."""
-
-    def find_spec(self, fullname: str, path: Optional[Sequence[str]],
-                  target: Any = None) -> Any:
-        if fullname != _MMCV_HOOK_MODULE:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
-        if spec is None or not hasattr(spec.loader, 'exec_module'):
-            return None  # the other finders decide; hooks made later still follow mmcv
-        spec.loader = _LoaderThenFollow(spec.loader)
-        return spec
-
-
-follow_mmcv()
-if not any(isinstance(finder, _MmcvHookWatcher) for finder in sys.meta_path):
-    sys.meta_path.insert(0, _MmcvHookWatcher())

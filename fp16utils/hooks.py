@@ -18,11 +18,12 @@ from exactly the same weights.
 
 With mmcv 1.x: the hooks are real ``mmcv.runner.Hook`` subclasses as soon as
 ``mmcv.runner`` is imported, before or after this module, so mmcv's
-``register_hook`` and ``HOOKS`` registry take them. This module never
-imports mmcv: it reads ``sys.modules`` when it is imported and each time a
-hook is made, and a finder on ``sys.meta_path`` notices when mmcv's hook
-module is imported later. Until then (and without mmcv) their base is
-a plain class that gives every stage of an mmcv hook.
+``register_hook`` and ``HOOKS`` registry take them (see
+:mod:`fp16utils.runner_hook`); this module never imports mmcv.
+
+The backward pass, the step, the records and the pending accumulation window
+are the :class:`~fp16utils.engine.driver.StepDriver`'s, as in the optimizer
+wrappers; the hooks add the runner and ``runner.meta``.
 
 Example:
     >>> import torch
@@ -48,7 +49,6 @@ import logging
 from typing import Any, List, Mapping, Optional, Tuple, Union
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from . import _torch
@@ -60,22 +60,21 @@ from ._spec import (
 )
 from .engine import (
     AccumulationWindow,
-    Leftovers,
+    Driven,
     LegacyEngine,
     NativeEngine,
     OverflowGuard,
+    StepDriver,
     StepEngine,
     StepResult,
-    accumulating_result,
-    check_tensors,
+    check_resume,
     flat_params,
-    guarded_backward,
-    pending_grads,
     resume_state_from_meta,
-    take_step,
 )
+from .engine.allreduce import allreduce_grads, world_size
 from .engine.ranks import check_setting
-from .hook_api import CumulativeHookApi, OptimizerHookApi, follow_mmcv, set_base
+from .hook_api import CumulativeHookApi, OptimizerHookApi
+from .runner_hook import follow_mmcv, set_base
 from .wrap import wrap_fp16_model
 
 __all__ = ['Fp16OptimizerHook', 'GradientCumulativeFp16OptimizerHook']
@@ -84,99 +83,13 @@ logger = logging.getLogger('fp16utils')
 
 
 def _world_size() -> int:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size()
-    return 1
-
-
-def _buckets(tensors: List[torch.Tensor], bucket_size_mb: float) -> List[List[torch.Tensor]]:
-    """Group ``tensors`` by device and dtype, split into buckets of at most ``bucket_size_mb``."""
-    buckets: List[List[torch.Tensor]] = []
-    limit = bucket_size_mb * 1024 * 1024 if bucket_size_mb > 0 else None
-    for _, group in _torch.group_by_device_and_dtype(tensors):
-        if limit is None:
-            buckets.append(group)
-            continue
-        bucket: List[torch.Tensor] = []
-        size = 0
-        for tensor in group:
-            nbytes = tensor.numel() * tensor.element_size()
-            if bucket and size + nbytes > limit:
-                buckets.append(bucket)
-                bucket, size = [], 0
-            bucket.append(tensor)
-            size += nbytes
-        if bucket:
-            buckets.append(bucket)
-    return buckets
+    return world_size()
 
 
 def _allreduce_grads(params: List[Any], coalesce: bool = True,
                      bucket_size_mb: float = -1) -> None:
-    """Average the gradients of ``params`` over all processes (``torch.distributed``).
-
-    Does nothing unless a process group is initialised with more than one
-    process. With ``coalesce`` the gradients are flattened into one buffer
-    per device and dtype (or per bucket of ``bucket_size_mb`` when > 0) and
-    reduced with one ``all_reduce`` each; otherwise one ``all_reduce`` per
-    gradient, and one for the per-parameter "has a gradient" flags (which
-    ride in the first bucket when coalescing).
-
-    Args:
-        params: Parameters whose gradients to average (those not requiring a
-            gradient are left out). A parameter that has a gradient on some
-            ranks only is reduced with zeros from the others; one that has
-            none anywhere keeps None.
-        coalesce: Reduce flattened buckets instead of single tensors.
-        bucket_size_mb: Bucket size limit in MiB; <= 0 means one bucket per
-            device and dtype.
-
-    Example:
-        >>> import torch
-        >>> p = torch.nn.Parameter(torch.ones(2)); p.grad = torch.ones(2)
-        >>> _allreduce_grads([p])  # a single process: nothing to do
-        >>> p.grad.tolist()
-        [1.0, 1.0]
-    """
-    world_size = _world_size()
-    if world_size <= 1:
-        return
-    params = [p for p in params if p.requires_grad]
-    if not params:
-        return
-    # Every rank must reduce the same buffers, or the collectives disagree (gloo
-    # aborts, nccl hangs): a parameter without a gradient here joins with zeros.
-    # Which ranks had a gradient travels in the first bucket (one flag per
-    # parameter, no extra collective), so a parameter that no rank has a
-    # gradient for gets None back, as in a single process.
-    missing = [p for p in params if p.grad is None]
-    for p in missing:
-        p.grad = torch.zeros_like(p, memory_format=torch.preserve_format)
-    grads = [p.grad for p in params]
-    missing_ids = {id(p) for p in missing}
-    present = [id(p) not in missing_ids for p in params] if missing else None
-    if coalesce:
-        buckets = _buckets(grads, bucket_size_mb)
-        first = buckets[0][0]
-        flags = torch.tensor(present or [True] * len(params), dtype=first.dtype,
-                             device=first.device)
-        buckets[0] = [*buckets[0], flags]
-        for bucket in buckets:
-            flat = _torch.flatten_dense_tensors(bucket)
-            dist.all_reduce(flat)
-            flat.div_(world_size)
-            _torch.foreach_copy_(bucket, _torch.unflatten_dense_tensors(flat, bucket))
-    else:
-        flags = torch.tensor(present or [True] * len(params), dtype=torch.float32,
-                             device=params[0].device)
-        _torch.foreach_div_(grads, float(world_size))
-        for grad in grads:
-            dist.all_reduce(grad)
-        dist.all_reduce(flags)
-    if missing:  # read the flags (one sync) only when this rank lacked a gradient
-        for p, count in zip(params, flags.tolist()):
-            if count == 0:
-                p.grad = None
+    """Average the gradients of ``params`` over all processes (see :func:`allreduce_grads`)."""
+    allreduce_grads(params, coalesce, bucket_size_mb, _world_size())
 
 
 def _fp16_slot(runner: Any) -> Any:
@@ -189,7 +102,7 @@ def _fp16_slot(runner: Any) -> Any:
     return slot
 
 
-class Fp16OptimizerHook(OptimizerHookApi):
+class Fp16OptimizerHook(Driven, OptimizerHookApi):
     """mmcv's ``Fp16OptimizerHook``: fp16 backward, scaling, clipping and the update.
 
     After each training iteration the hook zeroes the gradients, backwards
@@ -256,7 +169,8 @@ class Fp16OptimizerHook(OptimizerHookApi):
         self._set_up = True  # see OptimizerHookApi.__getattr__
         owner = type(self).__name__
         self.nonfinite = check_nonfinite_policy(nonfinite, owner)
-        self._guard = OverflowGuard.parse(overflow_guard, owner)
+        self._driver = StepDriver(owner, AccumulationWindow(1, owner, 'cumulative_iters'),
+                                  guard=OverflowGuard.parse(overflow_guard, owner))
         #: See :mod:`fp16utils.engine.ranks` (None: agree when the world size is > 1).
         self.agree_across_ranks = check_setting(agree_across_ranks, owner)
         self.grad_clip = grad_clip  # checked (see OptimizerHookApi.grad_clip)
@@ -273,22 +187,8 @@ class Fp16OptimizerHook(OptimizerHookApi):
         self._engine: Optional[StepEngine] = None
         self._optimizer: Optional[torch.optim.Optimizer] = None
         self._model_only: List[nn.Parameter] = []
-        self._restored_iter: Optional[int] = None
-        self._steps_taken = 0
-        self._last_result: Optional[StepResult] = None
-        self._leftovers = Leftovers(owner)  # gradients of an iteration that raised
 
     # -- read-only state --------------------------------------------------------------------
-
-    @property
-    def steps_taken(self) -> int:
-        """Optimizer steps really taken (not skipped) by this hook; host-side, monotonic."""
-        return self._steps_taken
-
-    @property
-    def last_result(self) -> Optional[StepResult]:
-        """The :class:`~fp16utils.StepResult` of the last iteration (None before any)."""
-        return self._last_result
 
     @property
     def loss_scale(self) -> float:
@@ -330,9 +230,7 @@ class Fp16OptimizerHook(OptimizerHookApi):
                 spec = parse_loss_scale(self._loss_scale_arg, owner, MMCV_DYNAMIC
                                         if backend == 'legacy' else TORCH_DYNAMIC)
             # All checked before the model is converted or the optimizer re-pointed.
-            StepEngine().prepare_resume(resume._replace(masters=None), step, owner, params)
-            if resume.masters is not None and backend == 'legacy':
-                check_tensors(resume.masters, params, 'master weights', owner, False)
+            check_resume(resume, params, owner, masters=backend == 'legacy')
             engine = self._make_engine(optimizer, model, backend, spec, params, owner)
         self.backend, self._spec = backend, spec
         if self.backend == 'native':
@@ -341,7 +239,7 @@ class Fp16OptimizerHook(OptimizerHookApi):
         engine.agree_across_ranks = self.agree_across_ranks
         run_logger = getattr(runner, 'logger', None)
         engine.logger = logger if run_logger is None else run_logger  # one line per event
-        self._engine = engine
+        self._engine = self._driver.engine = engine
         self._optimizer = optimizer
         held = {id(p) for p in flat_params(optimizer)}
         self._model_only = [p for p in model.parameters() if id(p) not in held]
@@ -353,11 +251,9 @@ class Fp16OptimizerHook(OptimizerHookApi):
                 'fp16utils.patch_mmcv() first, or start with `fp16utils run`.)',
                 owner, step, engine.loss_scale)
         engine.resume(resume, step, owner, engine.grad_params(optimizer))
-        self._restored_iter = None if resume.pending is None else step
-        if resume.pending is not None:
-            self._leftovers.spent = False  # the saved window's gradients are back
-        if self._guard is not None:
-            self._guard.stop()  # watchers left by a forward that raised
+        self._driver.restoring(resume.pending is not None, step)
+        if self._driver.guard is not None:
+            self._driver.guard.stop()  # watchers left by a forward that raised
         # Restored: the tensors leave runner.meta until the next update saves them again,
         # since mmcv's TextLoggerHook writes runner.meta to its JSON log in before_run.
         fp16_meta.pop('master_params', None)
@@ -403,6 +299,7 @@ class Fp16OptimizerHook(OptimizerHookApi):
         runner.optimizer.zero_grad()
         for p in self._model_only:
             p.grad = None
+        self._driver.grads_cleared()
 
     def _update(self, runner: Any) -> None:
         """Unscale, clip, step (or skip), update the scale, log, save the scaler state."""
@@ -411,23 +308,18 @@ class Fp16OptimizerHook(OptimizerHookApi):
         engine.grad_norm = None
 
         def done(result: StepResult) -> None:  # also when a step raises once applied
-            if result.stepped:
-                self._steps_taken += 1
-            if self._guard is not None:
-                self._guard.record(result.skipped, engine.at_scale_floor)
             _fp16_slot(runner).update(engine.checkpoint())
             self._publish(runner, result)
 
-        take_step(engine, runner.optimizer, int(runner.iter) + 1, {}, done)
+        self._driver.step(runner.optimizer, int(runner.iter) + 1, {}, done)
 
     def _publish(self, runner: Any, result: StepResult) -> None:
-        """Keep ``result``; put its fields in ``runner.outputs['fp16']`` and log them.
+        """Put the fields of ``result`` in ``runner.outputs['fp16']`` and log them.
 
         ``grad_norm`` (when clipped by norm: one sync, as mmcv logs it) and
         ``loss_scale`` (when the loss is scaled) go to ``runner.log_buffer`` as
         floats, in one update weighted by ``outputs['num_samples']``.
         """
-        self._last_result = result
         if getattr(runner, 'outputs', None) is None:
             runner.outputs = {}
         fields = runner.outputs['fp16'] = result.to_dict()
@@ -440,14 +332,14 @@ class Fp16OptimizerHook(OptimizerHookApi):
         if logged and log_buffer is not None:
             log_buffer.update(logged, runner.outputs.get('num_samples', 1))
 
-    def _backward(self, runner: Any, engine: StepEngine, loss: torch.Tensor) -> None:
-        """Backward ``loss``; under the armed overflow guard, check its watchers after."""
-        guarded_backward(engine, self._guard, lambda: engine.backward(loss), int(runner.iter) + 1)
+    def _backward(self, runner: Any, loss: torch.Tensor, earlier: int = 0) -> None:
+        """Backward ``loss`` (``earlier``: iterations of the window before this one)."""
+        self._driver.backward(loss, int(runner.iter) + 1, earlier, lambda: self._zero_grad(runner))
 
     def before_train_iter(self, runner: Any) -> None:
         """Attach the overflow guard's watchers to ``runner.model`` when it is armed."""
         super().before_train_iter(runner)
-        guard = self._guard
+        guard = self._driver.guard
         if guard is not None and guard.armed:
             guard.watch(runner.model)
 
@@ -462,11 +354,11 @@ class Fp16OptimizerHook(OptimizerHookApi):
 
     def after_train_iter(self, runner: Any) -> None:
         """Backward the scaled loss and update the parameters (or skip on overflow)."""
-        engine = self._require_engine(runner)
+        self._require_engine(runner)
         self._zero_grad(runner)
         if self.detect_anomalous_params:
             self.detect_anomalous_parameters(runner.outputs['loss'], runner)
-        self._backward(runner, engine, runner.outputs['loss'])
+        self._backward(runner, runner.outputs['loss'])
         self._update(runner)
 
     def __repr__(self) -> str:
@@ -495,24 +387,19 @@ class GradientCumulativeFp16OptimizerHook(CumulativeHookApi, Fp16OptimizerHook):
     """
 
     def __init__(self, cumulative_iters: int = 1, **kwargs: Any) -> None:
-        self._window = AccumulationWindow(cumulative_iters, type(self).__name__,
-                                          'cumulative_iters')
+        window = AccumulationWindow(cumulative_iters, type(self).__name__, 'cumulative_iters')
         super().__init__(**kwargs)
+        self._driver.window = window
         self.cumulative_iters = cumulative_iters
-        self.divisible_iters = 0
-        self.remainder_iters = 0
-        self.initialized = False
 
     def _init(self, runner: Any) -> None:
+        driver = self._driver
+        restored, driver.restored = driver.restored, None
         run_logger = getattr(runner, 'logger', None)
-        self._window.warn_on_start(runner.model, runner.iter, self._restored_iter == runner.iter,
-                                   logger if run_logger is None else run_logger,
-                                   'save runner.meta with the checkpoint')
-        self._window.start(runner.max_iters)
-        self.divisible_iters = (runner.max_iters // self.cumulative_iters
-                                * self.cumulative_iters)
-        self.remainder_iters = runner.max_iters - self.divisible_iters
-        self.initialized = True
+        driver.window.warn_on_start(runner.model, runner.iter, restored == runner.iter,
+                                    logger if run_logger is None else run_logger,
+                                    'save runner.meta with the checkpoint')
+        driver.window.start(runner.max_iters)
 
     def before_run(self, runner: Any) -> None:
         """As :meth:`Fp16OptimizerHook.before_run`; the window bookkeeping starts afresh."""
@@ -521,35 +408,33 @@ class GradientCumulativeFp16OptimizerHook(CumulativeHookApi, Fp16OptimizerHook):
 
     def after_train_iter(self, runner: Any) -> None:
         """Accumulate the scaled loss; update every ``cumulative_iters`` iterations."""
-        engine = self._require_engine(runner)
+        self._require_engine(runner)
         if not self.initialized:
             self._init(runner)
-        it = runner.iter
-        self._leftovers.discard(lambda: self._zero_grad(runner), engine.logger,
-                                it % self.cumulative_iters)
-        factor = self._window.divisor(it)
+        it, window = runner.iter, self._driver.window
+        factor = window.divisor(it)
         loss = runner.outputs['loss']
         if factor != 1:
             loss = loss / factor
         try:
-            self._backward(runner, engine, loss)
-            if self._window.completes(it):
+            self._backward(runner, loss, it % window.counts)
+            if window.completes(it):
                 self._update(runner)
                 self._zero_grad(runner)
         except BaseException:  # the window's gradients are spent: no checkpoint keeps them
-            self._leftovers.spent = True
+            self._driver.leftovers.spent = True
             if runner.meta:
                 _fp16_slot(runner).pop('pending_window', None)
             raise
-        if self._window.completes(it):
+        if window.completes(it):
             if runner.meta:
                 _fp16_slot(runner).pop('pending_window', None)
         else:
             # A checkpoint saved now keeps the window's gradients (references: the
             # checkpoint hook serialises them after this hook has run).
-            _fp16_slot(runner)['pending_window'] = {
-                'iter': it + 1, 'grads': pending_grads(self._grad_params(), copy=False)}
-            self._publish(runner, accumulating_result(engine))
+            _fp16_slot(runner)['pending_window'] = self._driver.pending_window(
+                runner.optimizer, it + 1, copy=False)
+            self._publish(runner, self._driver.accumulated())
 
     def __repr__(self) -> str:
         return (f'{type(self).__name__}(cumulative_iters={self.cumulative_iters}, '

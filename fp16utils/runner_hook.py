@@ -1,4 +1,12 @@
-"""The plain base of the 0.x hooks while mmcv is not imported: every stage of an mmcv hook.
+"""The base of the 0.x hooks: a plain one with every stage of an mmcv hook, or mmcv's ``Hook``.
+
+Classes marked with :func:`follows_mmcv` take ``mmcv.runner.Hook`` as their
+base as soon as mmcv's hook module is imported, before or after this module,
+so mmcv's ``register_hook`` and ``HOOKS`` registry take the hooks. Nothing here
+imports mmcv: :func:`follow_mmcv` reads ``sys.modules`` (when a class is
+marked, and each time a hook is made), and a finder on ``sys.meta_path``,
+installed when this module is imported, notices when mmcv's hook module is
+imported later. Until then (and without mmcv) the base is :class:`RunnerHook`.
 
 Example:
     >>> RunnerHook().before_epoch(runner=None)
@@ -8,9 +16,16 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import importlib.abc
+import importlib.machinery
+import logging
+import sys
+from typing import Any, Callable, List, Optional, Sequence, TypeVar
 
-__all__ = ['RunnerHook', 'calls']
+__all__ = ['RunnerHook', 'calls', 'follow_mmcv', 'follows_mmcv', 'set_base']
+
+logger = logging.getLogger('fp16utils')
+_Class = TypeVar('_Class', bound=type)
 
 
 def calls(stage: str) -> Callable[[Any, Any], None]:
@@ -113,3 +128,86 @@ class RunnerHook:
     before_val_iter = calls('before_iter')
     after_train_iter = calls('after_iter')
     after_val_iter = calls('after_iter')
+
+
+# -- mmcv's Hook as the base, once mmcv's runner is imported ---------------------------------
+
+#: The module that defines ``mmcv.runner.Hook`` (mmcv 0.x and 1.x; mmcv 2.x has none).
+_MMCV_HOOK_MODULE = 'mmcv.runner.hooks.hook'
+
+
+#: The classes whose base follows mmcv's ``Hook`` (see :func:`follows_mmcv`).
+_FOLLOWERS: List[type] = []
+
+
+def follows_mmcv(cls: _Class) -> _Class:
+    """Mark ``cls`` (derived from :class:`RunnerHook` alone) to take mmcv's ``Hook`` as its base.
+
+    Its subclasses follow with it, and so do hooks that users derive from
+    them; existing objects too (``isinstance`` reads the class's bases).
+
+    Example:
+        >>> from fp16utils.hook_api import OptimizerHookApi  # the hooks' marked base
+        >>> OptimizerHookApi in _FOLLOWERS, OptimizerHookApi.__bases__[0].__name__ in (
+        ...     'RunnerHook', 'Hook')
+        (True, True)
+    """
+    _FOLLOWERS.append(cls)
+    follow_mmcv()
+    return cls
+
+
+def set_base(base: Optional[type] = None) -> None:
+    """Make ``base`` (mmcv's ``Hook``; None: the plain base) the base of the marked classes."""
+    base = RunnerHook if base is None else base
+    for cls in _FOLLOWERS:
+        if cls.__bases__ == (base,):
+            continue
+        try:
+            cls.__bases__ = (base,)
+        except TypeError as err:  # a user class that lists mmcv's Hook before ours
+            logger.warning('fp16utils hooks could not take %s.%s as their base (%s); mmcv '
+                           'runners will refuse them.', base.__module__, base.__qualname__, err)
+
+
+def follow_mmcv() -> None:
+    """Take ``mmcv.runner.Hook`` as the base if mmcv's hook module is imported; never import it."""
+    module = sys.modules.get(_MMCV_HOOK_MODULE)
+    base = getattr(module, 'Hook', None)
+    if isinstance(base, type) and any(cls.__bases__[0] is not base for cls in _FOLLOWERS):
+        set_base(base)
+
+
+class _LoaderThenFollow(importlib.abc.Loader):
+    """Loads mmcv's hook module with its own loader, then calls :func:`follow_mmcv`."""
+
+    def __init__(self, loader: Any) -> None:
+        self._loader = loader
+
+    def create_module(self, spec: Any) -> Any:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self._loader.exec_module(module)
+        follow_mmcv()
+
+    def __getattr__(self, name: str) -> Any:  # get_source, get_filename, ...: the real loader's
+        return getattr(self._loader, name)
+
+
+class _MmcvHookWatcher(importlib.abc.MetaPathFinder):
+    """Notices the import of mmcv's hook module (``sys.meta_path``); finds nothing else."""
+
+    def find_spec(self, fullname: str, path: Optional[Sequence[str]],
+                  target: Any = None) -> Any:
+        if fullname != _MMCV_HOOK_MODULE:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
+        if spec is None or not hasattr(spec.loader, 'exec_module'):
+            return None  # the other finders decide; hooks made later still follow mmcv
+        spec.loader = _LoaderThenFollow(spec.loader)
+        return spec
+
+
+if not any(isinstance(finder, _MmcvHookWatcher) for finder in sys.meta_path):
+    sys.meta_path.insert(0, _MmcvHookWatcher())

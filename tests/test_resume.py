@@ -194,7 +194,7 @@ def test_resume_mid_window_without_the_saved_window_warns_that_gradients_are_los
     trainer = W.Trainer('wrapper', 'native', accumulate=2, dtype=NATIVE)
     trainer.run(data, stop=5)
     ckpt = trainer.checkpoint()
-    assert ckpt['optim']['pending_window']['inner_count'] == 5
+    assert ckpt['optim']['pending_window']['iter'] == 5
     del ckpt['optim']['pending_window']  # as an MMEngine-style state would be
     fresh = W.Trainer('wrapper', 'native', accumulate=2, seed=5, dtype=NATIVE)
     with caplog.at_level(logging.WARNING, logger='fp16utils'):

@@ -14,7 +14,9 @@ Three engines share one interface:
 :class:`AccumulationWindow` is the gradient-accumulation arithmetic both
 styles share (the loss divisor, when to step, the warnings on resume).
 :class:`StepResult` says what one iteration did (:func:`take_step` makes it)
-and :class:`OverflowGuard` diagnoses a run of skipped steps.
+and :class:`OverflowGuard` diagnoses a run of skipped steps. :class:`StepDriver`
+is what both styles do around the engine (backward, step, records, the pending
+window).
 
 Example:
     >>> import torch
@@ -35,8 +37,10 @@ from .checks import (
     check_optimizer_state,
     check_tensors,
     load_optimizer_state,
+    read_pending_window,
     snapshot_optimizer,
 )
+from .driver import Driven, StepDriver, check_resume
 from .guard import GUARD_ACTIONS, OverflowGuard
 from .interrupt import Leftovers, guarded_backward
 from .legacy import LegacyEngine
@@ -44,8 +48,9 @@ from .native import NativeEngine
 from .outcome import StepResult, accumulating_result, take_step
 from .window import AccumulationWindow
 
-__all__ = ['AccumulationWindow', 'GUARD_ACTIONS', 'LegacyEngine', 'Leftovers', 'NativeEngine',
-           'OverflowGuard', 'ResumeState', 'StepEngine', 'StepResult', 'accumulating_result',
-           'check_optimizer_state', 'check_tensors', 'flat_params', 'guarded_backward',
-           'load_optimizer_state',
-           'pending_grads', 'resume_state_from_meta', 'snapshot_optimizer', 'take_step']
+__all__ = ['AccumulationWindow', 'Driven', 'GUARD_ACTIONS', 'LegacyEngine', 'Leftovers',
+           'NativeEngine', 'OverflowGuard', 'ResumeState', 'StepDriver', 'StepEngine', 'StepResult',
+           'accumulating_result', 'check_optimizer_state', 'check_resume', 'check_tensors',
+           'flat_params', 'guarded_backward', 'load_optimizer_state',
+           'pending_grads', 'read_pending_window', 'resume_state_from_meta',
+           'snapshot_optimizer', 'take_step']

@@ -23,7 +23,7 @@ from .. import _torch
 from .._spec import SCALE_HISTORY_LEN, check_scaler_state, check_stats, nonfinite_error
 from ..scaler import non_finite_check_
 from . import ranks
-from .checks import check_tensors
+from .checks import check_tensors, read_pending_window
 
 __all__ = ['Clip', 'ResumeState', 'StepEngine', 'check_pending', 'flat_params',
            'pending_grads', 'resume_state_from_meta']
@@ -126,13 +126,9 @@ def resume_state_from_meta(meta: Any, step: int, owner: str
     pending = fp16_meta.get('pending_window')
     grads = None
     if pending is not None:
-        it = pending.get('iter') if isinstance(pending, Mapping) else None
-        if not (isinstance(it, int) and not isinstance(it, bool) and it >= 0) or (
-                'grads' not in pending):
-            raise ValueError(f"{owner}: runner.meta['fp16']['pending_window'] must be a dict "
-                             f"{{'iter': an int >= 0, 'grads': a list}}, got {pending!r}.")
+        it, saved = read_pending_window(pending, "runner.meta['fp16']['pending_window']", owner)
         if it == step:
-            grads = pending['grads']
+            grads = saved
     return fp16_meta, ResumeState(fp16_meta.get('loss_scaler'), fp16_meta.get('stats'),
                                   fp16_meta.get('master_params'), grads)
 

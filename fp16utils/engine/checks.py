@@ -17,12 +17,12 @@ load a state saved from the same model and optimizer configuration.
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Mapping, Optional
+from typing import Any, Callable, List, Mapping, Optional, Tuple
 
 import torch
 
-__all__ = ['check_optimizer_state', 'check_tensors', 'load_optimizer_state',
-           'snapshot_optimizer']
+__all__ = ['PENDING_KEY', 'check_optimizer_state', 'check_tensors', 'load_optimizer_state',
+           'read_pending_window', 'snapshot_optimizer']
 
 _Tensor = torch.Tensor
 _TORCH_LOAD = torch.optim.Optimizer.load_state_dict
@@ -156,3 +156,48 @@ def check_tensors(tensors: Any, params: List[_Tensor], what: str, owner: str,
                              f'floating-point tensor of shape {tuple(p.shape)} with data; '
                              f'{hint}')
     return list(tensors)
+
+
+#: The one format of a saved pending window: the iterations done when it was saved.
+PENDING_KEY = 'iter'
+#: What older versions' optimizer wrappers wrote instead of ``'iter'`` (same meaning).
+_OLD_PENDING_KEY = 'inner_count'
+
+
+def read_pending_window(pending: Any, where: str, owner: str) -> Tuple[int, Any]:
+    """Check a saved pending window; return its iteration count and its gradients.
+
+    The format is ``{'iter': iterations done, 'grads': [...]}``, written by
+    the optimizer wrappers and the 0.x hooks alike; ``{'inner_count': ...,
+    'grads': [...]}``, as older versions of the wrappers wrote it, is read
+    too. The gradients are checked against the parameters when loaded.
+
+    Args:
+        pending: The saved window.
+        where: Where it was found, for the message (``"the saved pending_window"``).
+        owner: Who loads it, for the message.
+
+    Returns:
+        ``(iterations done, gradients)``.
+
+    Example:
+        >>> read_pending_window({'inner_count': 3, 'grads': [None]}, 'pending_window', 'x')
+        (3, [None])
+        >>> read_pending_window({'iter': -1, 'grads': []}, 'pending_window', 'x')
+        Traceback (most recent call last):
+        ...
+        ValueError: x: pending_window must be a dict {'iter': an int >= 0 (the iterations \
+done), 'grads': a list} ('inner_count' in place of 'iter' is read too); got \
+{'iter': -1, 'grads': []}. Save it again, or load the checkpoint without it.
+    """
+    count = None
+    if isinstance(pending, Mapping) and 'grads' in pending:
+        keys = [key for key in (PENDING_KEY, _OLD_PENDING_KEY) if key in pending]
+        if len(keys) == 1:
+            count = pending[keys[0]]
+    if not (isinstance(count, int) and not isinstance(count, bool) and count >= 0):
+        raise ValueError(f"{owner}: {where} must be a dict {{'{PENDING_KEY}': an int >= 0 (the "
+                         f"iterations done), 'grads': a list}} ('{_OLD_PENDING_KEY}' in place "
+                         f"of '{PENDING_KEY}' is read too); got {pending!r}. Save it again, or "
+                         'load the checkpoint without it.')
+    return count, pending['grads']

@@ -41,18 +41,33 @@ class AccumulationWindow:
         [2, 5, 6]
     """
 
-    __slots__ = ('counts', 'name', 'max_counts', 'remainder')
+    __slots__ = ('counts', 'name', 'max_counts', 'remainder', 'started')
 
     def __init__(self, counts: Any, owner: str, name: str) -> None:
         self.counts: int = check_positive_int(counts, owner, name)
         self.name = name
         self.max_counts = -1
         self.remainder = 0
+        #: Whether :meth:`start` has run since the window was made (or :attr:`started`
+        #: was set back to False for a new run).
+        self.started = False
 
     def start(self, max_counts: Optional[int]) -> None:
         """Set the total number of iterations (None, -1 or 0: unknown)."""
         self.max_counts = -1 if max_counts is None else int(max_counts)
         self.remainder = self.max_counts % self.counts if self.max_counts > 0 else 0
+        self.started = True
+
+    @property
+    def divisible(self) -> int:
+        """The iterations before the last, shorter window (0 while the total is unknown).
+
+        Example:
+            >>> window = AccumulationWindow(4, 'hook', 'cumulative_iters')
+            >>> window.start(10); window.divisible, window.remainder
+            (8, 2)
+        """
+        return max(self.max_counts, 0) - self.remainder
 
     def divisor(self, index: int) -> int:
         """What iteration ``index``'s loss is divided by."""

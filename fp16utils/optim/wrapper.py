@@ -24,18 +24,17 @@ from torch import nn
 from .._spec import check_cache_enabled, parse_clip_grad
 from ..engine import (
     AccumulationWindow,
-    Leftovers,
+    Driven,
     OverflowGuard,
     ResumeState,
+    StepDriver,
     StepEngine,
     StepResult,
-    accumulating_result,
     check_optimizer_state,
-    guarded_backward,
     load_optimizer_state,
     pending_grads,
+    read_pending_window,
     snapshot_optimizer,
-    take_step,
 )
 
 __all__ = ['OptimWrapper']
@@ -51,16 +50,6 @@ def _check_optimizer(optimizer: Any, owner: str) -> None:
         raise TypeError(
             f'{owner} wraps a torch.optim.Optimizer, got {type(optimizer).__name__}; build '
             'one first, e.g. torch.optim.SGD(model.parameters(), lr=0.01).')
-
-
-def _check_pending_window(pending: Any, owner: str) -> int:
-    """Check a saved ``pending_window``; return its iteration count."""
-    count = pending.get('inner_count') if isinstance(pending, Mapping) else None
-    if not (isinstance(count, int) and not isinstance(count, bool) and count >= 0) or (
-            'grads' not in pending):
-        raise ValueError(f"{owner}: the saved pending_window must be a dict {{'inner_count': "
-                         f"an int >= 0, 'grads': a list}}, got {pending!r}.")
-    return count
 
 
 class _Load:
@@ -90,7 +79,7 @@ class _Load:
         self.finish()
 
 
-class OptimWrapper:
+class OptimWrapper(Driven):
     """An optimizer with gradient accumulation and clipping, driven by ``update_params``.
 
     ``update_params(loss)`` divides the loss by the number of iterations being
@@ -127,22 +116,14 @@ class OptimWrapper:
         (2, True, True)
     """
 
-    _engine: StepEngine
-
     def __init__(self, optimizer: torch.optim.Optimizer, accumulative_counts: int = 1,
                  clip_grad: Optional[Mapping[str, Any]] = None) -> None:
         owner = type(self).__name__
         _check_optimizer(optimizer, owner)
-        self._window = AccumulationWindow(accumulative_counts, owner, 'accumulative_counts')
-        self._engine = StepEngine(parse_clip_grad(clip_grad, owner))
+        window = AccumulationWindow(accumulative_counts, owner, 'accumulative_counts')
+        self._driver = StepDriver(owner, window, StepEngine(parse_clip_grad(clip_grad, owner)))
         self.optimizer = optimizer
         self._inner_count = 0
-        self._restored_count: Optional[int] = None
-        self._steps_taken = 0
-        self._last_result: Optional[StepResult] = None
-        self._leftovers = Leftovers(owner)  # gradients of an iteration that raised
-        #: The overflow guard (:class:`AmpOptimWrapper`'s ``overflow_guard=``), or None.
-        self._guard: Optional[OverflowGuard] = None
         #: With several param groups, a group that holds the optimizer's defaults
         #: and no parameter, as MMEngine keeps it: param schedulers step its ``lr``
         #: too, so ``get_lr()['base_lr']`` follows the schedule without the
@@ -151,12 +132,32 @@ class OptimWrapper:
         if len(getattr(optimizer, 'param_groups', ())) > 1:  # a stand-in may have none
             self.base_param_settings = {'params': torch.tensor([0.0]), **optimizer.defaults}
 
+    # -- the driver's parts -----------------------------------------------------------------
+
+    @property
+    def _engine(self) -> StepEngine:
+        """The step engine (float32 here; :class:`AmpOptimWrapper` sets its own)."""
+        return self._driver.engine  # type: ignore[return-value]
+
+    @_engine.setter
+    def _engine(self, engine: StepEngine) -> None:
+        self._driver.engine = engine
+
+    @property
+    def _guard(self) -> Optional[OverflowGuard]:
+        """The overflow guard (:class:`AmpOptimWrapper`'s ``overflow_guard=``), or None."""
+        return self._driver.guard
+
+    @_guard.setter
+    def _guard(self, guard: Optional[OverflowGuard]) -> None:
+        self._driver.guard = guard
+
     # -- counters ---------------------------------------------------------------------------
 
     @property
     def accumulative_counts(self) -> int:
         """Iterations accumulated per update."""
-        return self._window.counts
+        return self._driver.window.counts
 
     @property
     def inner_count(self) -> int:
@@ -164,23 +165,9 @@ class OptimWrapper:
         return self._inner_count
 
     @property
-    def steps_taken(self) -> int:
-        """Optimizer steps really taken (skipped ones not counted) by this wrapper object.
-
-        Host-side and monotonic (not saved in :meth:`state_dict`: a resumed
-        wrapper counts from 0); :func:`~fp16utils.skip_aware` followers read it.
-        """
-        return self._steps_taken
-
-    @property
-    def last_result(self) -> Optional[StepResult]:
-        """The :class:`~fp16utils.StepResult` of the last iteration (None before any)."""
-        return self._last_result
-
-    @property
     def max_counts(self) -> int:
         """Total iterations as set by :meth:`initialize_count_status` (-1: unknown)."""
-        return self._window.max_counts
+        return self._driver.window.max_counts
 
     @property
     def clip_grad(self) -> Optional[Dict[str, Any]]:
@@ -231,24 +218,24 @@ class OptimWrapper:
             >>> w.max_counts
             6
         """
-        restored = self._restored_count
-        self._restored_count = None
+        driver = self._driver
+        restored, driver.restored = driver.restored, None
         self._inner_count = int(init_counts)
         if restored is not None and restored != self._inner_count:
             for p in self._engine.grad_params(self.optimizer):
                 p.grad = None  # they belong to another iteration: drop them
-        self._window.warn_on_start(model, self._inner_count, restored == self._inner_count,
+        self._driver.window.warn_on_start(model, self._inner_count, restored == self._inner_count,
                                    self._engine.logger,
                                    "save the wrapper's state_dict() with the checkpoint")
-        self._window.start(max_counts)
+        self._driver.window.start(max_counts)
 
     def should_update(self) -> bool:
         """Whether the optimizer steps after the current backward pass."""
-        return self._window.completes(self._inner_count - 1)
+        return self._driver.window.completes(self._inner_count - 1)
 
     def should_sync(self) -> bool:
         """Whether the next backward pass must all-reduce gradients (DDP)."""
-        return self._window.completes(self._inner_count)
+        return self._driver.window.completes(self._inner_count)
 
     # -- the step ---------------------------------------------------------------------------
 
@@ -262,9 +249,9 @@ class OptimWrapper:
             >>> w.scale_loss(torch.tensor(8.)).item()
             2.0
         """
-        if self._window.counts == 1:
+        if self._driver.window.counts == 1:
             return loss
-        return loss / self._window.divisor(self._inner_count)
+        return loss / self._driver.window.divisor(self._inner_count)
 
     def update_params(self, loss: _Tensor, step_kwargs: Optional[Dict[str, Any]] = None,
                       zero_kwargs: Optional[Dict[str, Any]] = None) -> StepResult:
@@ -282,7 +269,8 @@ class OptimWrapper:
         An iteration that raises (``KeyboardInterrupt`` too) leaves the wrapper as before
         it, or completes an applied step; see :mod:`fp16utils.engine.interrupt`.
         """
-        count, previous = self._inner_count, self._last_result
+        driver = self._driver
+        count, previous = self._inner_count, driver.last_result
         try:
             self.backward(self.scale_loss(loss))
             if self.should_update():
@@ -290,24 +278,17 @@ class OptimWrapper:
                 self.zero_grad(**(zero_kwargs or {}))
                 return result
         except BaseException:  # its gradients are in place (partly): never applied
-            if self._last_result is previous:  # nothing applied: the iteration did not happen
+            if driver.last_result is previous:  # nothing applied: the iteration did not happen
                 self._inner_count = count
-            self._leftovers.spent = True
+            driver.leftovers.spent = True
             raise
-        result = self._last_result = accumulating_result(self._engine)
-        return result
+        return driver.accumulated()
 
     def backward(self, loss: _Tensor, **kwargs: Any) -> None:
         """Backward ``loss`` (scaled, where the wrapper scales) and count the iteration."""
-        engine = self._engine
-        self._leftovers.discard(lambda: engine.zero_grad(self.optimizer), engine.logger,
-                                self._inner_count % self._window.counts)
-        try:
-            guarded_backward(engine, self._guard, lambda: engine.backward(loss, **kwargs),
-                             self._inner_count + 1)
-        except BaseException:
-            self._leftovers.spent = True
-            raise
+        driver, count = self._driver, self._inner_count
+        driver.backward(loss, count + 1, count % driver.window.counts,
+                        lambda: self._engine.zero_grad(self.optimizer), **kwargs)
         self._inner_count += 1
 
     def step(self, **kwargs: Any) -> StepResult:
@@ -317,26 +298,12 @@ class OptimWrapper:
             The :class:`~fp16utils.StepResult` (stepped or skipped); also in
             :attr:`last_result`.
         """
-        self._leftovers.refuse_step()
-        engine, guard = self._engine, self._guard
-
-        def done(result: StepResult) -> None:
-            self._last_result = result
-            if result.stepped:
-                self._steps_taken += 1
-            if guard is not None:
-                guard.record(result.skipped, engine.at_scale_floor)
-
-        try:
-            return take_step(engine, self.optimizer, self._inner_count, kwargs, done)
-        except BaseException:  # gradients applied or changed in place: never step them again
-            self._leftovers.spent = engine.committed is not None or engine.touched
-            raise
+        return self._driver.step(self.optimizer, self._inner_count, kwargs)
 
     def zero_grad(self, **kwargs: Any) -> None:
         """Zero the optimizer's gradients (``set_to_none`` and friends pass through)."""
         self._engine.zero_grad(self.optimizer, **kwargs)
-        self._leftovers.spent = False
+        self._driver.grads_cleared()
 
     def optim_context(self, model: nn.Module, cache_enabled: Optional[bool] = None
                       ) -> contextlib.AbstractContextManager:
@@ -441,17 +408,17 @@ class OptimWrapper:
         MMEngine's does.
 
         In the middle of an accumulation window, ``'pending_window'`` holds the
-        iteration count and a copy of the gradients accumulated so far, so a
-        resumed run continues the window exactly where it stopped.
+        iteration count and a copy of the gradients accumulated so far (``{'iter': ...,
+        'grads': [...]}``, as the 0.x hooks write it; older versions' ``'inner_count'``
+        loads too), so a resumed run continues the window exactly where it stopped.
         """
         state = self.optimizer.state_dict()
         if self.base_param_settings is not None:
             state['base_param_settings'] = self.base_param_settings
         state.update(self._engine_state())
-        if self._inner_count % self._window.counts and not self._leftovers.spent:
-            state['pending_window'] = {
-                'inner_count': self._inner_count,
-                'grads': pending_grads(self._engine.grad_params(self.optimizer), copy=True)}
+        pending = self._driver.pending_window(self.optimizer, self._inner_count, copy=True)
+        if pending is not None:
+            state['pending_window'] = pending
         return state
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
@@ -477,9 +444,9 @@ class OptimWrapper:
         base = state.pop('base_param_settings', None)
         resume = self._resume_state(state)
         inner_count = None
-        if pending is not None:
-            inner_count = _check_pending_window(pending, owner)
-            resume = resume._replace(pending=pending['grads'])
+        if pending is not None:  # this version's format, or an older one's
+            inner_count, grads = read_pending_window(pending, 'the saved pending_window', owner)
+            resume = resume._replace(pending=grads)
         if base is not None and not isinstance(base, Mapping):
             raise ValueError(f'{owner}: the saved base_param_settings must be a dict (the '
                              f'optimizer defaults), got {type(base).__name__} {base!r}.')
@@ -492,10 +459,9 @@ class OptimWrapper:
             finish()
             if base is not None:
                 self.base_param_settings = dict(base)
-            if inner_count is None:
-                self._restored_count = None
-            else:
-                self._inner_count = self._restored_count = inner_count
+            self._driver.restoring(inner_count is not None, inner_count or 0)
+            if inner_count is not None:
+                self._inner_count = inner_count
 
         return _Load(self.optimizer, state, rest)
 
@@ -515,6 +481,6 @@ class OptimWrapper:
 
     def __repr__(self) -> str:
         return (f'{type(self).__name__}(optimizer={type(self.optimizer).__name__}, '
-                f'accumulative_counts={self._window.counts}, '
+                f'accumulative_counts={self._driver.window.counts}, '
                 f'clip_grad={self.clip_grad})')
 

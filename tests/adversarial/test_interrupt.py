@@ -399,8 +399,8 @@ def test_a_forward_interrupted_mid_window_keeps_the_window(monkeypatch):
         _loss(wrapper, model, data[1])
     assert all(torch.equal(g, p.grad) for g, p in zip(grads, model.parameters()))
     assert _torch.autocast_state('cpu')[0] is False  # the context was left
-    assert wrapper.state_dict()['pending_window']['inner_count'] == state[
-        'pending_window']['inner_count'] == 1
+    assert wrapper.state_dict()['pending_window']['iter'] == state[
+        'pending_window']['iter'] == 1
 
 
 def test_a_completed_step_is_counted_once_and_its_scale_grows_once(monkeypatch):

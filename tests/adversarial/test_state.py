@@ -93,11 +93,11 @@ STATS = [
 
 PENDING = [
     ('pending-a-str', setter(['pending_window'], 'x'), ValueError, 'pending_window'),
-    ('pending-negative-count', setter(['pending_window', 'inner_count'], -1), ValueError,
+    ('pending-negative-count', setter(['pending_window', 'iter'], -1), ValueError,
      'pending_window'),
-    ('pending-str-count', setter(['pending_window', 'inner_count'], '3'), ValueError,
+    ('pending-str-count', setter(['pending_window', 'iter'], '3'), ValueError,
      'pending_window'),
-    ('pending-bool-count', setter(['pending_window', 'inner_count'], True), ValueError,
+    ('pending-bool-count', setter(['pending_window', 'iter'], True), ValueError,
      'pending_window'),
     ('pending-no-grads', deleter(['pending_window', 'grads']), ValueError, 'pending_window'),
     ('pending-one-short', setter(['pending_window', 'grads'], lambda g: g[:-1]), ValueError,
@@ -159,7 +159,7 @@ def _attack(backend, mutate, exc, match):
     assert match in str(info.value)
     assert_same(before, snap(wrapper, model))
     wrapper.load_state_dict(good)  # still usable: the good state loads
-    assert wrapper.inner_count == good['pending_window']['inner_count']
+    assert wrapper.inner_count == good['pending_window']['iter']
 
 
 @pytest.mark.parametrize('backend', BACKENDS)
@@ -753,5 +753,5 @@ def test_a_load_inside_the_optim_context_then_a_step():
         loss = _runner.mse(model, _runner.make_data(1)[0])
         wrapper.load_state_dict(state)
     wrapper.update_params(loss)  # completes the restored window
-    assert wrapper.inner_count == state['pending_window']['inner_count'] + 1
+    assert wrapper.inner_count == state['pending_window']['iter'] + 1
     assert all(p.grad is None or not p.grad.any() for p in model.parameters())  # stepped
