@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from . import _torch
-from .cast import _cast, _convert, _device_type
+from .cast import _CONVERT, _cast, _device_type
 
 __all__ = ['auto_fp16', 'force_fp32']
 
@@ -197,26 +197,34 @@ def _cast_positional(args: tuple, src: Collection[torch.dtype], dst: torch.dtype
     """Cast every argument after the first; also the device type of the first cast tensor.
 
     The fast path of :meth:`_CastPlan.cast` for a call with positional
-    arguments only and no ``apply_to``: plain tensors are checked inline,
-    anything else goes through :func:`_cast`.
+    arguments only and no ``apply_to``: plain tensors are checked and
+    converted inline (``dst`` is a torch dtype), anything else goes through
+    :func:`_cast`; ``args`` itself comes back when nothing changed.
     """
+    convert = _CONVERT[dst]
     device_type = None
-    out = list(args)
-    for i in range(1, len(out)):
-        value = out[i]
+    out = None
+    for i in range(1, len(args)):
+        value = args[i]
         if isinstance(value, _Tensor):
-            if value.dtype in src:
-                if device_type is None:
-                    device_type = 'cpu' if value.is_cpu else _device_type(value)
-                out[i] = _convert(value, dst)
-        elif value is not None and not isinstance(value, _SCALARS):
+            if value.dtype not in src:
+                continue
+            if device_type is None:
+                device_type = 'cpu' if value.is_cpu else _device_type(value)
+            new = convert(value)
+        elif value is None or isinstance(value, _SCALARS):
+            continue
+        else:
             seen: list = []
             new = _cast(value, src, dst, seen)
-            if new is not value:
-                out[i] = new
-                if device_type is None and seen:
-                    device_type = seen[0]
-    return tuple(out), device_type
+            if new is value:
+                continue
+            if device_type is None and seen:
+                device_type = seen[0]
+        if out is None:
+            out = list(args)
+        out[i] = new
+    return (args if out is None else tuple(out)), device_type
 
 
 def _owner_dtype(owner: Any) -> torch.dtype:
@@ -416,8 +424,10 @@ def auto_fp16(apply_to: Optional[Iterable[str]] = None, out_fp32: bool = False,
             if native:
                 if device_type is None:
                     device_type = _find_device_type(args, kwargs, ())
-                enabled, current = _torch.autocast_state(device_type)
-                if enabled and current == low:
+                # Already on in that dtype (a nested call): run as is. The one-call
+                # question first: most calls come from outside any autocast.
+                if _torch.any_autocast_enabled() and (
+                        _torch.autocast_state(device_type) == (True, low)):
                     output = func(*args, **kwargs)
                 else:
                     output = _torch.call_autocast(device_type, low, True, func,
