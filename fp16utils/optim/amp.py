@@ -33,8 +33,6 @@ from .wrapper import OptimWrapper
 
 __all__ = ['AmpOptimWrapper', 'resolve_cast_dtype']
 
-_Tensor = torch.Tensor
-
 
 class _DefaultLossScale:
     """The default of ``loss_scale``, told apart from a ``loss_scale`` given twice."""
@@ -45,6 +43,7 @@ class _DefaultLossScale:
         return "<default: 'dynamic' for float16; no scaling for bfloat16, float32, float64>"
 
 
+_Tensor = torch.Tensor
 _UNSET: Any = _DefaultLossScale()
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 _PARALLEL = (nn.DataParallel, nn.parallel.DistributedDataParallel)
