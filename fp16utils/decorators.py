@@ -1,6 +1,6 @@
 """``auto_fp16`` and ``force_fp32``: the 0.x decorators, on any device and dtype.
 
-Both decorators share one argument-casting core (:class:`_CastPlan`): the
+Both decorators share one argument-casting core (:class:`CastPlan`): the
 decorated function's signature is read once, when the decorator is applied,
 and each call only walks the arguments that were named.
 
@@ -25,14 +25,14 @@ Example:
 from __future__ import annotations
 
 import functools
-import inspect
-from typing import Any, Callable, Collection, Iterable, Mapping, Optional, Sequence, TypeVar, Union
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, TypeVar, Union
 
 import torch
 from torch import nn
 
 from . import _torch
-from .cast import _cast, _convert, _device_type
+from ._cast_plan import CastPlan, cast_positional
+from .cast import _cast, _device_type
 
 __all__ = ['auto_fp16', 'force_fp32']
 
@@ -42,8 +42,6 @@ _MISSING = object()
 _NO_DICT: dict = {}
 _FLOAT = (torch.float32,)
 _LOW = (torch.float16, torch.bfloat16)
-_Tensor = torch.Tensor
-_SCALARS = (int, float, bool, str)
 
 
 def _instance_attr(obj: Any, name: str, default: Any) -> Any:
@@ -61,101 +59,6 @@ def _instance_attr(obj: Any, name: str, default: Any) -> Any:
 
 #: Device type of a module's first parameter or buffer ('cpu' if none); bound once.
 _module_device_type = _torch.module_device_type
-
-
-class _CastPlan:
-    """Which arguments of one function to cast, worked out at decoration time."""
-
-    __slots__ = ('all_args', 'positions', 'var_from', 'names', 'all_extra_kwargs',
-                 'named')
-
-    def __init__(self, func: Callable[..., Any], apply_to: Optional[Iterable[str]],
-                 decorator: str) -> None:
-        _check_function(func, decorator)
-        try:
-            params = list(inspect.signature(func).parameters.values())
-        except (TypeError, ValueError) as err:
-            raise TypeError(
-                f'@{decorator} needs a function with an inspectable signature; '
-                f'{func!r} has none ({err}).') from None
-        kinds = inspect.Parameter
-        positional = [p.name for p in params
-                      if p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)]
-        var_pos = next((p.name for p in params if p.kind == kinds.VAR_POSITIONAL), None)
-        var_kw = next((p.name for p in params if p.kind == kinds.VAR_KEYWORD), None)
-        self.named = frozenset(p.name for p in params
-                               if p.kind not in (kinds.VAR_POSITIONAL, kinds.VAR_KEYWORD))
-        self.all_args = apply_to is None
-        self.positions: tuple[int, ...] = ()
-        self.var_from: Optional[int] = None
-        self.names: frozenset[str] = frozenset()
-        self.all_extra_kwargs = False
-        if apply_to is None:
-            return
-        if isinstance(apply_to, str):  # one name (mmcv matched substrings of it)
-            apply_to = (apply_to,)
-        if not isinstance(apply_to, Iterable):
-            raise TypeError(
-                f'@{decorator}(apply_to=...) takes a list or tuple of argument names '
-                f'(or None for all); got {apply_to!r} for {func.__qualname__}.')
-        wanted = tuple(apply_to)
-        for name in wanted:
-            if not isinstance(name, str):
-                raise TypeError(
-                    f'@{decorator}(apply_to=...) takes argument names as strings; got '
-                    f'{name!r} for {func.__qualname__}.')
-            if name not in self.named and name not in (var_pos, var_kw) and var_kw is None:
-                raise ValueError(
-                    f'@{decorator}(apply_to={wanted!r}): {func.__qualname__}() has no '
-                    f'argument {name!r}; its arguments are '
-                    f'{[p.name for p in params]}.')
-        self.positions = tuple(i for i, n in enumerate(positional) if n in wanted and i > 0)
-        if var_pos is not None and var_pos in wanted:
-            self.var_from = len(positional)
-        self.names = frozenset(n for n in wanted if n not in (var_pos, var_kw))
-        self.all_extra_kwargs = var_kw is not None and var_kw in wanted
-
-    def cast(self, args: tuple, kwargs: dict, src: Collection[torch.dtype],
-             dst: torch.dtype, seen: list) -> tuple[tuple, dict]:
-        """Return ``(args, kwargs)`` with the planned arguments cast."""
-        if self.all_args:
-            new_args = (args[0], *[_cast(a, src, dst, seen) for a in args[1:]])
-            if kwargs:
-                kwargs = {k: _cast(v, src, dst, seen) for k, v in kwargs.items()}
-            return new_args, kwargs
-        if self.positions or self.var_from is not None:
-            lst = list(args)
-            n = len(lst)
-            for i in self.positions:
-                if i < n:
-                    lst[i] = _cast(lst[i], src, dst, seen)
-            if self.var_from is not None:
-                for i in range(self.var_from, n):
-                    lst[i] = _cast(lst[i], src, dst, seen)
-            args = tuple(lst)
-        if kwargs:
-            names, extra, named = self.names, self.all_extra_kwargs, self.named
-            kwargs = {k: (_cast(v, src, dst, seen)
-                          if k in names or (extra and k not in named) else v)
-                      for k, v in kwargs.items()}
-        return args, kwargs
-
-
-def _check_function(func: Any, decorator: str) -> None:
-    """Refuse, when applied, what the decorator cannot run as a method of a module."""
-    kind = type(func)
-    if kind in (staticmethod, classmethod, property):
-        raise TypeError(
-            f'@{decorator} decorates methods that take the module as their first '
-            f'argument, not a {kind.__name__} object (it reads fp16_enabled from that '
-            'argument); decorate a plain method.')
-    if (inspect.iscoroutinefunction(func) or inspect.isgeneratorfunction(func)
-            or inspect.isasyncgenfunction(func)):
-        raise TypeError(
-            f'@{decorator} cannot decorate {getattr(func, "__qualname__", func)}: it is '
-            'a generator or async function, whose body would run after the decorator '
-            'has returned (without the casting context). Decorate a plain method that '
-            'returns the result.')
 
 
 def _check_decorator_args(decorator: str, apply_to: Any, flag_name: str, flag: Any,
@@ -185,33 +88,6 @@ def _find_device_type(args: tuple, kwargs: dict, seen: Sequence[str]) -> str:
         if isinstance(value, torch.Tensor):
             return _device_type(value)
     return _module_device_type(args[0])
-
-
-def _cast_positional(args: tuple, src: Collection[torch.dtype], dst: torch.dtype
-                     ) -> tuple[tuple, Optional[str]]:
-    """Cast every argument after the first; also the device type of the first cast tensor.
-
-    The fast path of :meth:`_CastPlan.cast` for a call with positional
-    arguments only and no ``apply_to``: plain tensors are checked inline,
-    anything else goes through :func:`_cast`.
-    """
-    device_type = None
-    out = list(args)
-    for i in range(1, len(out)):
-        value = out[i]
-        if isinstance(value, _Tensor):
-            if value.dtype in src:
-                if device_type is None:
-                    device_type = 'cpu' if value.is_cpu else _device_type(value)
-                out[i] = _convert(value, dst)
-        elif value is not None and not isinstance(value, _SCALARS):
-            seen: list = []
-            new = _cast(value, src, dst, seen)
-            if new is not value:
-                out[i] = new
-                if device_type is None and seen:
-                    device_type = seen[0]
-    return tuple(out), device_type
 
 
 def _owner_dtype(owner: Any) -> torch.dtype:
@@ -281,17 +157,17 @@ def _switched(func: F, supported_types: tuple, decorator: str,
     return wrapper  # type: ignore[return-value]
 
 
-def fp32_plan(func: Callable[..., Any]) -> _CastPlan:
+def fp32_plan(func: Callable[..., Any]) -> CastPlan:
     """The cast plan of :func:`run_fp32` for ``func``: every argument after the first.
 
     Example:
         >>> fp32_plan(lambda self, x: x).all_args
         True
     """
-    return _CastPlan(func, None, 'force_fp32')
+    return CastPlan(func, None, 'force_fp32')
 
 
-def run_fp32(plan: _CastPlan, func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+def run_fp32(plan: CastPlan, func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
     """Call ``func`` as ``@force_fp32`` does: half arguments to float32, autocast off.
 
     The core that :func:`force_fp32` and :func:`fp16utils.keep.keep_fp32` share:
@@ -314,7 +190,7 @@ def run_fp32(plan: _CastPlan, func: Callable[..., Any], args: tuple, kwargs: dic
         torch.float32
     """
     if plan.all_args and not kwargs:
-        args, device_type = _cast_positional(args, _LOW, torch.float32)
+        args, device_type = cast_positional(args, _LOW, torch.float32)
     else:
         seen: list = []
         args, kwargs = plan.cast(args, kwargs, _LOW, torch.float32, seen)
@@ -390,7 +266,7 @@ def auto_fp16(apply_to: Optional[Iterable[str]] = None, out_fp32: bool = False,
     fixed_dtype = None if dtype is None else _torch.resolve_dtype(dtype)
 
     def decorator(func: F) -> F:
-        plan = _CastPlan(func, apply_to, 'auto_fp16')
+        plan = CastPlan(func, apply_to, 'auto_fp16')
         positional = plan.all_args  # no kwargs in a call: the fast positional cast
 
         def run(owner: Any, state: Mapping[str, Any], args: tuple, kwargs: dict) -> Any:
@@ -400,7 +276,7 @@ def auto_fp16(apply_to: Optional[Iterable[str]] = None, out_fp32: bool = False,
             if low not in _LOW:
                 low = _owner_dtype(owner)
             if positional and not kwargs:
-                args, device_type = _cast_positional(args, _FLOAT, low)
+                args, device_type = cast_positional(args, _FLOAT, low)
             else:
                 seen: list = []
                 args, kwargs = plan.cast(args, kwargs, _FLOAT, low, seen)
@@ -411,8 +287,10 @@ def auto_fp16(apply_to: Optional[Iterable[str]] = None, out_fp32: bool = False,
             if native:
                 if device_type is None:
                     device_type = _find_device_type(args, kwargs, ())
-                enabled, current = _torch.autocast_state(device_type)
-                if enabled and current == low:
+                # Already on in that dtype (a nested call): run as is. The one-call
+                # question first: most calls come from outside any autocast.
+                if _torch.any_autocast_enabled() and (
+                        _torch.autocast_state(device_type) == (True, low)):
                     output = func(*args, **kwargs)
                 else:
                     output = _torch.call_autocast(device_type, low, True, func,
@@ -471,7 +349,7 @@ def force_fp32(apply_to: Optional[Iterable[str]] = None, out_fp16: bool = False,
                                             supported_types)
 
     def decorator(func: F) -> F:
-        plan = _CastPlan(func, apply_to, 'force_fp32')
+        plan = CastPlan(func, apply_to, 'force_fp32')
 
         def run(owner: Any, state: Mapping[str, Any], args: tuple, kwargs: dict) -> Any:
             output = run_fp32(plan, func, args, kwargs)

@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+import fp16utils
 import fp16utils.decorators
 from fp16utils import auto_fp16, force_fp32, wrap_fp16_model
 
@@ -231,6 +232,115 @@ def test_auto_fp16_out_fp32_bfloat16():
     out, half = M()(f32())
     assert out.dtype == F32
     assert half.dtype == F16  # only the run's own low dtype goes back to float32
+
+
+# ------------------------------------------------- the positional fast path of auto_fp16
+
+
+class AutoPositional(Recorder):
+    """Every argument cast (apply_to=None): a call without keywords takes the fast path."""
+
+    @auto_fp16()
+    def forward(self, *args, **kwargs):
+        self.seen = dict(args=args, kwargs=kwargs, autocast=autocast_now())
+        return args[0] if args else None
+
+
+def _mixed_args():
+    """One argument of each kind the fast path tells apart, float32 ones marked."""
+    return (f32(), torch.ones(2, dtype=F16), torch.arange(2), f32().double(), None, 3, 2.5,
+            'text', (f32(), [{'t': f32(), 'i': torch.arange(1)}]), [torch.arange(2)])
+
+
+def _expect(value):
+    """What an argument must become: fp16utils.cast_tensor_type's answer (float32 -> LOW)."""
+    return fp16utils.cast_tensor_type(value, F32, LOW)
+
+
+def _same(got, want):
+    """Equal structure, types, dtypes and values; tensors compared exactly."""
+    if isinstance(want, torch.Tensor):
+        return (isinstance(got, torch.Tensor) and got.dtype == want.dtype
+                and torch.equal(got, want))
+    if isinstance(want, dict):
+        return type(got) is dict and got.keys() == want.keys() and all(
+            _same(got[k], want[k]) for k in want)
+    if isinstance(want, (list, tuple)):
+        return type(got) is type(want) and len(got) == len(want) and all(
+            _same(g, w) for g, w in zip(got, want))
+    return got == want
+
+
+def test_auto_fp16_fast_path_each_argument_as_cast_tensor_type():
+    m = AutoPositional()
+    args = _mixed_args()
+    m(*args)
+    seen = m.seen['args']
+    assert len(seen) == len(args) and m.seen['kwargs'] == {}
+    for got, arg in zip(seen, args):
+        assert _same(got, _expect(arg)), (got, arg)
+    assert [a.dtype for a in seen[:4]] == [LOW, F16, torch.int64, torch.float64]
+    for i in (1, 2, 3, 4, 7, 9):  # nothing to cast inside: the very same object
+        assert seen[i] is args[i]
+    assert seen[8][1][0]['i'] is args[8][1][0]['i']  # int tensor deep inside: untouched
+    assert m.seen['autocast'] == (True, LOW)
+    assert autocast_now()[0] is False
+
+
+def test_auto_fp16_fast_path_matches_the_keyword_path():
+    """The same arguments, positional (fast path) or one given by keyword (the plan)."""
+    fast, planned = AutoPositional(), AutoPositional()
+    args = _mixed_args()
+    fast(*args)
+    planned(*args[:-1], last=args[-1])
+    for got, want in zip(fast.seen['args'], planned.seen['args']):
+        assert _same(got, want)
+    assert _same(planned.seen['kwargs']['last'], fast.seen['args'][-1])
+    assert fast.seen['autocast'] == planned.seen['autocast'] == (True, LOW)
+
+
+def test_auto_fp16_fast_path_nothing_to_cast_keeps_the_arguments():
+    m = AutoPositional()
+    args = (torch.arange(2), torch.ones(1, dtype=LOW), ('a', [1, None]), None)
+    m(*args)
+    assert all(got is arg for got, arg in zip(m.seen['args'], args))
+    assert m.seen['autocast'] == (True, LOW)  # still the low-precision run
+
+
+def test_auto_fp16_fast_path_caller_tensors_unchanged():
+    m = AutoPositional()
+    x, nested = f32(3), [f32(3)]
+    m(x, nested)
+    assert x.dtype == F32 and nested[0].dtype == F32 and type(nested) is list
+    assert m.seen['args'][1] is not nested and m.seen['args'][1][0].dtype == LOW
+
+
+def test_auto_fp16_fast_path_out_fp32():
+    class M(Recorder):
+        @auto_fp16(out_fp32=True)
+        def forward(self, x, ids, half):
+            return x * 2, ids, half, [x]
+
+    x, ids = torch.tensor([0.5, -1.5]), torch.arange(2)
+    out, out_ids, out_half, out_list = M()(x, ids, torch.ones(1, dtype=OTHER))
+    assert out.dtype == F32 and torch.equal(out, x * 2)
+    assert out_ids is ids
+    assert out_half.dtype == OTHER  # only the run's own dtype goes back to float32
+    assert out_list[0].dtype == F32
+
+
+@pytest.mark.parametrize('outer', [LOW, OTHER])
+def test_auto_fp16_inside_an_outer_autocast(outer):
+    """Nested under autocast (same dtype: run as is; another: switched, then restored)."""
+    _caps.require(outer, 'native', scaled=False)
+    m = AutoPositional()
+    with torch.autocast('cpu', dtype=outer):
+        m(f32())
+        after = autocast_now()
+    assert m.seen['autocast'] == (True, LOW)
+    assert m.seen['args'][0].dtype == LOW
+    assert after == (True, outer)
+    assert autocast_now()[0] is False
 
 
 # --------------------------------------------------------------------------- dtypes
@@ -531,7 +641,7 @@ def test_signature_read_once(monkeypatch):
         calls.append(args)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(fp16utils.decorators.inspect, 'signature', counting)
+    monkeypatch.setattr(inspect, 'signature', counting)
 
     class M(Recorder):
         @auto_fp16(apply_to=('x',))

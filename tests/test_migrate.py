@@ -1221,3 +1221,19 @@ def test_a_loss_scale_the_wrappers_would_refuse_is_reported_by_the_conversion(lo
     with pytest.raises(ValueError, match='loss_scale'):
         build_optim_wrapper(torch.nn.Linear(1, 1), dict(
             type='AmpOptimWrapper', optimizer=dict(type='SGD', lr=0.1), loss_scale=loss_scale))
+
+
+def test_loss_scale_translation_lives_in_its_module():
+    from fp16utils.migrate import _converter, _loss_scale
+
+    problems = []
+    assert _loss_scale.convert_loss_scale(
+        dict(mode='dynamic', init_scale=256, scale_factor=4., scale_window=100),
+        'fp16.loss_scale', problems) == dict(init_scale=256, growth_factor=4.,
+                                             backoff_factor=0.25, growth_interval=100)
+    assert problems == []
+    assert _converter.convert_loss_scale is _loss_scale.convert_loss_scale
+    assert _loss_scale.MMCV_DEFAULT_LOSS_SCALE == 512.0
+    new = convert_clean(dict(optimizer=dict(type='SGD', lr=0.1),
+                             optimizer_config=dict(type='Fp16OptimizerHook')))
+    assert new['optim_wrapper']['loss_scale'] == _loss_scale.MMCV_DEFAULT_LOSS_SCALE

@@ -958,3 +958,53 @@ def test_a_stand_in_optimizer_is_driven_as_it_is():
     optimizer.zero_grad.assert_called_once_with()
     with pytest.raises(TypeError, match='wraps a torch.optim.Optimizer, got object'):
         OptimWrapper(object())
+
+
+# --------------------------------------------------------------------------- module layout
+
+
+def test_help_shows_a_readable_loss_scale_default():
+    import pydoc
+
+    text = pydoc.render_doc(AmpOptimWrapper)
+    assert 'object at 0x' not in text
+    default = inspect.signature(AmpOptimWrapper).parameters['loss_scale'].default
+    assert "'dynamic'" in repr(default) and 'object at' not in repr(default)
+    assert f'= {default!r}' in text
+
+
+def test_default_loss_scale_is_dynamic_and_still_told_from_a_given_one():
+    model = nn.Linear(2, 1)
+    wrapper = AmpOptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1))
+    assert wrapper.loss_scale == 2.0 ** 16  # 'dynamic': GradScaler's default start
+    with pytest.raises(TypeError, match="multiple values for argument 'loss_scale'"):
+        AmpOptimWrapper('dynamic', optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                        loss_scale=512.)
+
+
+def test_import_paths_after_the_split():
+    from fp16utils.optim import amp as amp_mod
+    from fp16utils.optim import builder, contexts
+    from fp16utils.optim.amp import AmpOptimWrapper as FromAmp
+    from fp16utils.optim.amp import deferred_model_conversion, resolve_cast_dtype
+
+    assert FromAmp is AmpOptimWrapper is optim_mod.AmpOptimWrapper
+    assert deferred_model_conversion is builder.deferred_model_conversion
+    assert resolve_cast_dtype('bfloat16') == torch.bfloat16
+    assert {'Both', 'CastIO', 'Guarded'} <= set(contexts.__all__)
+    with pytest.raises(AttributeError, match='no attribute'):
+        amp_mod.no_such_name  # noqa: B018 - the module's __getattr__ answers only one name
+
+
+def test_deferred_conversion_through_the_old_path_waits_for_the_caller():
+    from fp16utils.optim.amp import deferred_model_conversion
+
+    _caps.require(torch.float16)
+    model = nn.Linear(2, 1)
+    with deferred_model_conversion() as conversions:
+        AmpOptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1), backend='legacy',
+                        model=model)
+        assert model.weight.dtype == torch.float32 and len(conversions) == 1
+    assert model.weight.dtype == torch.float32  # nothing runs them but the caller
+    conversions[0]()
+    assert model.weight.dtype == torch.float16

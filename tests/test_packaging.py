@@ -139,6 +139,7 @@ LAYERS: list[set[str]] = [
     {'_torch', '_spec'},
     {'precision'},
     {'cast'},
+    {'_cast_plan'},
     {'decorators'},
     {'keep'},
     {'wrap'},
@@ -266,8 +267,8 @@ def layering_errors(package: Path) -> list[str]:
 
 
 def test_modules_import_only_downward():
-    """_torch/_spec <- precision <- cast <- decorators <- keep <- wrap <- scaler <- debug
-    <- engine <- optim <- hooks <- followers <- mmcv/mmengine <- migrate <- demo <- cli
+    """_torch/_spec <- precision <- cast <- _cast_plan <- decorators <- keep <- wrap <- scaler
+    <- debug <- engine <- optim <- hooks <- followers <- mmcv/mmengine <- migrate <- demo <- cli
     <- __main__."""
     errors = layering_errors(ROOT / 'fp16utils')
     assert not errors, '\n'.join(errors)

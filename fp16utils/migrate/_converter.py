@@ -17,8 +17,8 @@ import copy
 from collections.abc import Mapping
 from typing import Any, Optional
 
-from .._spec import GRAD_SCALER_ARGS, is_number, is_positive_int, parse_loss_scale, positive_finite
-from .._whole import as_whole
+from .._spec import is_positive_int
+from ._loss_scale import MMCV_DEFAULT_LOSS_SCALE, convert_loss_scale
 
 __all__ = ['ConfigConverter', 'wrapper_entries', 'wrapper_layout']
 
@@ -40,103 +40,7 @@ _OBSOLETE_HOOK_ARGS = {
     'detect_anomalous_params': False,
 }
 
-#: mmcv's default ``loss_scale`` of ``Fp16OptimizerHook`` (a static scale).
-_MMCV_DEFAULT_LOSS_SCALE = 512.0
-#: mmcv ``LossScaler``'s default ``init_scale``.
-_MMCV_DEFAULT_INIT_SCALE = float(2**32)
-
 _GAN_STEP_KEYS = ('disc_steps', 'gen_steps', 'batch_accumulation_steps')
-
-
-def _convert_loss_scale(value: Any, where: str, problems: list[str]) -> Any:
-    """Translate a 0.x ``loss_scale`` into the value ``AmpOptimWrapper`` takes."""
-    expected = "expected a positive number (static scale), 'dynamic', or a dict of scaler arguments"
-    if isinstance(value, str):
-        if value == 'dynamic':
-            return 'dynamic'
-        problems.append(f'{where}: {value!r} is not understood; {expected}; kept as is, fix it')
-        return value
-    if is_number(value):
-        if not positive_finite(value):
-            problems.append(f'{where}: {value!r} is not a usable scale; {expected}; kept as is')
-            return value
-        return float(value)
-    if not isinstance(value, Mapping):
-        problems.append(
-            f'{where}: got {type(value).__name__} {value!r}; {expected}; kept as is, fix it'
-        )
-        return value
-
-    problems_before = len(problems)
-    args = dict(value)
-    mode = args.pop('mode', 'dynamic')
-    if mode == 'static':
-        ignored = sorted(k for k in args if k != 'init_scale')
-        if ignored:
-            problems.append(
-                f"{where}: {', '.join(ignored)}: ignored with mode='static', so dropped; "
-                'remove them from the 0.x config'
-            )
-        if 'init_scale' not in args:
-            problems.append(
-                f"{where}: mode='static' without init_scale means mmcv's default static "
-                'scale 2**32, which overflows on almost every step; it was kept, but set '
-                "a smaller loss_scale (e.g. 512.) or use 'dynamic'"
-            )
-        init = args.get('init_scale', _MMCV_DEFAULT_INIT_SCALE)
-        if not positive_finite(init):
-            problems.append(f'{where}.init_scale: {init!r} is not a positive number; kept as is')
-            return init
-        return float(init)
-    if mode != 'dynamic':
-        problems.append(
-            f"{where}.mode: {mode!r} is not 'static' or 'dynamic'; the scaler arguments "
-            'were kept as is; fix the mode'
-        )
-        return dict(value)
-
-    out: dict[str, Any] = {}
-    for key, val in args.items():
-        if key == 'scale_factor':
-            if 'growth_factor' in args or 'backoff_factor' in args:
-                problems.append(
-                    f'{where}: both scale_factor (mmcv) and growth_factor/backoff_factor '
-                    '(GradScaler) are given; the GradScaler values were kept and '
-                    'scale_factor dropped; keep only one spelling'
-                )
-                continue
-            if not (is_number(val) and val > 1):
-                problems.append(
-                    f'{where}.scale_factor: {val!r} is not a number > 1; kept as is, fix it'
-                )
-                out[key] = val
-                continue
-            out['growth_factor'] = val
-            out['backoff_factor'] = 1 / val
-        elif key == 'scale_window':
-            if 'growth_interval' in args:
-                problems.append(
-                    f'{where}: both scale_window (mmcv) and growth_interval (GradScaler) '
-                    'are given; growth_interval was kept and scale_window dropped'
-                )
-                continue
-            out['growth_interval'] = val if (whole := as_whole(val)) is None else whole
-        elif key in GRAD_SCALER_ARGS:  # 2.0 -> 2: GradScaler's update needs an int interval
-            out[key] = whole if key == 'growth_interval' and (whole := as_whole(val)) else val
-        else:
-            problems.append(
-                f'{where}.{key}: not an argument of mmcv LossScaler or torch GradScaler; '
-                'kept as is, remove or rename it'
-            )
-            out[key] = val
-    if len(problems) == problems_before:  # what the wrappers will say of it, said now
-        try:
-            parse_loss_scale(out, where)
-        except ValueError as err:
-            problems.append(f'{err} Kept as is, fix it'.rstrip('.'))
-    # Keep the documented order: init_scale, growth_factor, backoff_factor, ...
-    order = list(GRAD_SCALER_ARGS)
-    return {k: out[k] for k in sorted(out, key=lambda k: order.index(k) if k in order else 99)}
 
 
 def _optimizer_layout(opt: Any) -> Optional[str]:
@@ -453,7 +357,7 @@ class ConfigConverter:
                 )
                 if val is not _MISSING
             ]
-            converted = [(w, _convert_loss_scale(v, w, self.problems)) for w, v in candidates]
+            converted = [(w, convert_loss_scale(v, w, self.problems)) for w, v in candidates]
             if converted:
                 chosen_where, chosen = converted[0]
                 for where, val in converted[1:]:
@@ -463,7 +367,7 @@ class ConfigConverter:
                             f'the {chosen_where} value was used; keep one loss scale'
                         )
             else:
-                chosen = _MMCV_DEFAULT_LOSS_SCALE
+                chosen = MMCV_DEFAULT_LOSS_SCALE
             extras['loss_scale'] = chosen
         if 'clip_grad' in hook:
             extras['clip_grad'] = hook['clip_grad']

@@ -14,79 +14,39 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import functools
-import sys
-import threading
 import uuid
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import torch
 from torch import nn
 
 from .. import _torch
 from .._spec import check_cache_enabled, check_nonfinite_policy, parse_loss_scale
-from ..cast import cast_tensor_type
 from ..engine import LegacyEngine, NativeEngine, OverflowGuard, ResumeState, flat_params
 from ..engine.ranks import check_setting
 from ..keep import Fp32Modules, check_fp32_modules, keep_fp32, match_modules
 from ..precision import AUTO, auto_dtype
 from ..scaler import LossScaler
-from ..wrap import wrap_fp16_model
+from .contexts import Both, CastIO, Guarded
 from .wrapper import OptimWrapper
 
-__all__ = ['AmpOptimWrapper', 'deferred_model_conversion', 'resolve_cast_dtype']
+__all__ = ['AmpOptimWrapper', 'resolve_cast_dtype']
+
+
+class _DefaultLossScale:
+    """The default of ``loss_scale``, told apart from a ``loss_scale`` given twice."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<default: 'dynamic' for float16; no scaling for bfloat16, float32, float64>"
+
 
 _Tensor = torch.Tensor
-_UNSET: Any = object()
+_UNSET: Any = _DefaultLossScale()
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 #: Full precision dtypes MMEngine accepts: the forward then runs without autocast.
 _FULL_PRECISION = {'float32': torch.float32, 'float64': torch.float64}
-
-
-#: Per thread: where legacy model conversions wait while :func:`deferred_model_conversion` runs.
-_deferred = threading.local()
-
-
-@contextlib.contextmanager
-def deferred_model_conversion() -> Iterator[List[Callable[[], Any]]]:
-    """Collect the legacy backend's model conversions instead of running them.
-
-    Inside the block, an :class:`AmpOptimWrapper` on the legacy backend
-    appends its model's conversion to half to the yielded list instead of
-    converting; the caller runs them once every wrapper is built, so that an
-    error building a later one leaves every model as it was.
-
-    Example:
-        >>> import torch
-        >>> model = torch.nn.Linear(2, 1)
-        >>> with deferred_model_conversion() as conversions:
-        ...     wrapper = AmpOptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1),
-        ...                               backend='legacy', model=model)
-        >>> model.weight.dtype, len(conversions)
-        (torch.float32, 1)
-        >>> for convert in conversions:
-        ...     _ = convert()
-        >>> model.weight.dtype
-        torch.float16
-    """
-    outer = getattr(_deferred, 'pending', None)
-    pending: List[Callable[[], Any]] = []
-    _deferred.pending = pending
-    try:
-        yield pending
-    finally:
-        _deferred.pending = outer
-
-
-def _convert_model(model: nn.Module, dtype: torch.dtype, fp32_modules: Any = None) -> None:
-    """Convert ``model`` for the legacy backend now, or later inside a deferral."""
-    convert = functools.partial(wrap_fp16_model, model, dtype, backend='legacy',
-                                fp32_modules=fp32_modules)
-    pending = getattr(_deferred, 'pending', None)
-    if pending is None:
-        convert()
-    else:
-        pending.append(convert)
 
 
 def resolve_cast_dtype(dtype: Any) -> torch.dtype:
@@ -324,7 +284,8 @@ class AmpOptimWrapper(OptimWrapper):
                     f'FSDP; got dtype={self.dtype}, use_fsdp={use_fsdp}: use '
                     "backend='native'." + (f' ({self.auto_reason})' if self.auto_reason else ''))
             self._engine = LegacyEngine(optimizer, spec, self.dtype, owner, nonfinite, clip)
-            _convert_model(model, self.dtype, fp32_modules)
+            from .builder import convert_or_defer  # (the builder imports this module)
+            convert_or_defer(model, self.dtype, fp32_modules)
             _mark_fp32_done(model, self._fp32_token)
         else:
             self._engine = NativeEngine(spec, self.dtype, self._param_device_type, nonfinite,
@@ -403,12 +364,12 @@ class AmpOptimWrapper(OptimWrapper):
             else:  # float32 / float64: full precision, autocast off
                 inner = _torch.autocast_for(device_type, enabled=False)
         else:
-            inner = _CastIO(model, self.dtype)
+            inner = CastIO(model, self.dtype)
         outer = super().optim_context(model)
-        context = _Both(outer, inner) if self._skips_sync(model) else inner
+        context = Both(outer, inner) if self._skips_sync(model) else inner
         guard = self._guard
         if guard is not None and guard.armed:
-            return _Both(_Guarded(guard, model), context)
+            return Both(Guarded(guard, model), context)
         return context
 
     def _first_context(self, model: nn.Module) -> None:
@@ -493,75 +454,9 @@ def _mark_fp32_done(model: nn.Module, token: str) -> None:
     model.__dict__[_FP32_DONE] = (*model.__dict__.get(_FP32_DONE, ()), token)
 
 
-class _Both:
-    """Enter ``outer`` then ``inner``; exit in reverse (a two-item ExitStack, cheaper)."""
-
-    __slots__ = ('outer', 'inner')
-
-    def __init__(self, outer: contextlib.AbstractContextManager,
-                 inner: contextlib.AbstractContextManager) -> None:
-        self.outer = outer
-        self.inner = inner
-
-    def __enter__(self) -> None:
-        self.outer.__enter__()
-        try:
-            self.inner.__enter__()
-        except BaseException:
-            if not self.outer.__exit__(*sys.exc_info()):
-                raise
-
-    def __exit__(self, *exc: Any) -> bool:
-        try:
-            suppressed = bool(self.inner.__exit__(*exc))
-        except BaseException:
-            if not self.outer.__exit__(*sys.exc_info()):
-                raise
-            return True
-        if suppressed:
-            exc = (None, None, None)
-        return bool(self.outer.__exit__(*exc)) or suppressed
-
-
-class _Guarded:
-    """Attach an armed overflow guard's watchers; they stay on until the backward."""
-
-    __slots__ = ('guard', 'model')
-
-    def __init__(self, guard: OverflowGuard, model: nn.Module) -> None:
-        self.guard = guard
-        self.model = model
-
-    def __enter__(self) -> None:
-        self.guard.watch(self.model)
-
-    def __exit__(self, *exc: Any) -> None:
-        if exc[0] is not None:
-            self.guard.stop(*exc)  # the forward failed: no backward will come
-
-
-class _CastIO:
-    """Cast ``model``'s float32 inputs to ``dtype`` and its ``dtype`` outputs to float32."""
-
-    __slots__ = ('model', 'dtype', 'handles')
-
-    def __init__(self, model: nn.Module, dtype: torch.dtype) -> None:
-        self.model = model
-        self.dtype = dtype
-        self.handles: Tuple[Any, ...] = ()
-
-    def _pre(self, module: nn.Module, args: tuple, kwargs: dict) -> Tuple[tuple, dict]:
-        return (cast_tensor_type(args, torch.float32, self.dtype),
-                cast_tensor_type(kwargs, torch.float32, self.dtype))
-
-    def _post(self, module: nn.Module, args: tuple, output: Any) -> Any:
-        return cast_tensor_type(output, self.dtype, torch.float32)
-
-    def __enter__(self) -> None:
-        self.handles = (_torch.register_forward_pre_hook_with_kwargs(self.model, self._pre),
-                        self.model.register_forward_hook(self._post))
-
-    def __exit__(self, *exc: Any) -> None:
-        for handle in self.handles:
-            handle.remove()
-        self.handles = ()
+def __getattr__(name: str) -> Any:
+    """``deferred_model_conversion``, which lives in :mod:`fp16utils.optim.builder`."""
+    if name == 'deferred_model_conversion':
+        from .builder import deferred_model_conversion
+        return deferred_model_conversion
+    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
