@@ -69,6 +69,7 @@ from .engine import (
     StepResult,
     check_resume,
     flat_params,
+    optimizer_device_type,
     resume_state_from_meta,
 )
 from .engine.allreduce import allreduce_grads, world_size
@@ -278,8 +279,7 @@ class Fp16OptimizerHook(Driven, OptimizerHookApi):
 
     def _param_device_type(self) -> str:
         """Where the optimizer's first parameter lives (a method: the hook pickles)."""
-        params = [] if self._optimizer is None else flat_params(self._optimizer)
-        return params[0].device.type if params else 'cpu'
+        return optimizer_device_type(self._optimizer)
 
     def _grad_params(self) -> List[Any]:
         """The tensors whose ``.grad`` accumulates over a window."""

@@ -32,7 +32,14 @@ Example:
     (65536.0, 0)
 """
 
-from .base import ResumeState, StepEngine, flat_params, pending_grads, resume_state_from_meta
+from .base import (
+    ResumeState,
+    StepEngine,
+    flat_params,
+    optimizer_device_type,
+    pending_grads,
+    resume_state_from_meta,
+)
 from .checks import (
     check_optimizer_state,
     check_tensors,
@@ -51,6 +58,6 @@ from .window import AccumulationWindow
 __all__ = ['AccumulationWindow', 'Driven', 'GUARD_ACTIONS', 'LegacyEngine', 'Leftovers',
            'NativeEngine', 'OverflowGuard', 'ResumeState', 'StepDriver', 'StepEngine', 'StepResult',
            'accumulating_result', 'check_optimizer_state', 'check_resume', 'check_tensors',
-           'flat_params', 'guarded_backward', 'load_optimizer_state',
+           'flat_params', 'optimizer_device_type', 'guarded_backward', 'load_optimizer_state',
            'pending_grads', 'read_pending_window', 'resume_state_from_meta',
            'snapshot_optimizer', 'take_step']

@@ -45,6 +45,18 @@ def flat_params(optimizer: torch.optim.Optimizer) -> List[_Tensor]:
     return [p for group in optimizer.param_groups for p in group['params']]
 
 
+def optimizer_device_type(optimizer: Any) -> str:
+    """Where ``optimizer``'s first parameter lives; ``'cpu'`` when it has none (or no
+    optimizer is given yet): with no parameter there is nothing to step.
+
+    Example:
+        >>> optimizer_device_type(torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=1.0))
+        'cpu'
+    """
+    params = [] if optimizer is None else flat_params(optimizer)
+    return params[0].device.type if params else 'cpu'
+
+
 def _dense_grads(params: List[Any]) -> List[_Tensor]:
     """The dense gradients of ``params``, skipping those without one."""
     grads = []

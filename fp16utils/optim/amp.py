@@ -22,7 +22,14 @@ from torch import nn
 
 from .. import _torch
 from .._spec import check_cache_enabled, check_nonfinite_policy, parse_loss_scale
-from ..engine import LegacyEngine, NativeEngine, OverflowGuard, ResumeState, flat_params
+from ..engine import (
+    LegacyEngine,
+    NativeEngine,
+    OverflowGuard,
+    ResumeState,
+    flat_params,
+    optimizer_device_type,
+)
 from ..engine.ranks import check_setting
 from ..keep import Fp32Modules, check_fp32_modules, keep_fp32, match_modules
 from ..precision import AUTO, auto_dtype
@@ -298,8 +305,7 @@ class AmpOptimWrapper(OptimWrapper):
         self.agree_across_ranks = agree
 
     def _param_device_type(self) -> str:
-        params = flat_params(self.optimizer)
-        return params[0].device.type if params else 'cpu'  # no parameter: nothing to step
+        return optimizer_device_type(self.optimizer)
 
     # -- read-only state --------------------------------------------------------------------
 
