@@ -24,6 +24,7 @@ collect_ignore = ([] if _spec is not None and _spec.origin is not None
 # the run starts (before_run).
 _TRAINS = re.compile(
     r'\b(AmpOptimWrapper\(|build_optim_wrapper\(|make_grad_scaler\(|NativeEngine\(|'
+    r'make_observed_grad_scaler\(|convert_or_defer\(|'
     r'wrap_fp16_model\(|\.before_run\()')
 
 

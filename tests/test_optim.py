@@ -974,6 +974,7 @@ def test_help_shows_a_readable_loss_scale_default():
 
 
 def test_default_loss_scale_is_dynamic_and_still_told_from_a_given_one():
+    _caps.require(torch.float16, 'native')  # the default dtype
     model = nn.Linear(2, 1)
     wrapper = AmpOptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1))
     assert wrapper.loss_scale == 2.0 ** 16  # 'dynamic': GradScaler's default start

@@ -44,7 +44,7 @@ def test_plugin_config_example_builds_with_mmengine_rules():
                  in b)
     namespace: dict = {}
     exec(block, namespace)
-    cfg = dict(namespace['optim_wrapper'])
+    cfg = _caps.on_this_cpu(dict(namespace['optim_wrapper']))
     cfg.pop('constructor')
     from fp16utils import build_optim_wrapper
 

@@ -7,8 +7,8 @@ guard's forward, and :class:`Both` enters two contexts as one.
 Example:
     >>> import contextlib
     >>> import torch
-    >>> model = torch.nn.Linear(2, 2).half()
-    >>> with Both(contextlib.nullcontext(), CastIO(model, torch.float16)):
+    >>> model = torch.nn.Linear(2, 2).to(torch.bfloat16)
+    >>> with Both(contextlib.nullcontext(), CastIO(model, torch.bfloat16)):
     ...     out = model(torch.ones(1, 2))
     >>> out.dtype
     torch.float32
