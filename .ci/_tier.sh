@@ -199,10 +199,12 @@ tier_new_venv() {
         tier_fail "$VENV is a file, not a virtualenv: remove it or set FP16UTILS_VENV_CACHE"
     fi
     # Never remove a folder that holds more than a (possibly half-removed) virtualenv.
+    # .fp16utils-* are the markers these scripts write (older layouts named them per
+    # tier, e.g. .fp16utils-consumers), so a cache from an older checkout is rebuilt.
     for entry in "$VENV"/* "$VENV"/.[!.]*; do
         [ -e "$entry" ] || [ -L "$entry" ] || continue
         case ${entry##*/} in
-            bin|include|lib|lib64|share|pyvenv.cfg|install.log|.fp16utils-tier) ;;
+            bin|include|lib|lib64|share|pyvenv.cfg|install.log|.fp16utils-*) ;;
             *) tier_fail "$VENV holds ${entry##*/}, so it is not only a virtualenv:" \
                          "remove it or set FP16UTILS_VENV_CACHE" ;;
         esac

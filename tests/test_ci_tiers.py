@@ -143,3 +143,33 @@ def test_how_a_pip_log_is_read(name, cannot_connect, served_nothing, tmp_path):
     result = _source(f'tier_cannot_connect {log}; echo $?; tier_served_nothing {log}; echo $?',
                      tmp_path)
     assert result.stdout.split() == [str(int(not cannot_connect)), str(int(not served_nothing))]
+
+
+def _old_layout_venv(venv: Path) -> None:
+    """What an older checkout's .ci/consumers left: a virtualenv with its own marker."""
+    for sub in ('bin', 'lib', 'include'):
+        (venv / sub).mkdir(parents=True)
+    venv.joinpath('pyvenv.cfg').write_text('include-system-site-packages = true\n')
+    venv.joinpath('install.log').write_text('')
+    venv.joinpath('.fp16utils-consumers').write_text('mmcv==1.7.2\n')
+
+
+def test_a_cache_left_by_an_older_checkout_is_rebuilt(tmp_path):
+    venv = tmp_path / 'cache' / 'consumers'
+    _old_layout_venv(venv)
+    result = _source(f'tier_init consumers; VENV={venv}; tier_new_venv; echo made', tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.split()[-1] == 'made'
+    assert not venv.joinpath('.fp16utils-consumers').exists()
+    assert venv.joinpath('bin', 'python').exists()
+
+
+def test_a_folder_holding_anything_else_is_refused_and_left_alone(tmp_path):
+    venv = tmp_path / 'cache' / 'consumers'
+    _old_layout_venv(venv)
+    venv.joinpath('notes.txt').write_text('mine\n')
+    result = _source(f'tier_init consumers; VENV={venv}; tier_new_venv; echo made', tmp_path)
+    assert result.returncode == 1
+    assert 'holds notes.txt, so it is not only a virtualenv' in result.stdout
+    assert venv.joinpath('notes.txt').read_text() == 'mine\n'
+    assert venv.joinpath('.fp16utils-consumers').exists()
