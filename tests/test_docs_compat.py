@@ -1,4 +1,4 @@
-"""docs/compatibility.md: every ``>>>`` example on the page runs as it is written."""
+"""docs/reference/compatibility.md: every ``>>>`` example on the page runs as it is written."""
 
 import doctest
 from pathlib import Path
