@@ -151,6 +151,44 @@ def test_optim_context_skips_gradient_sync_while_accumulating(wrapper_cls):
     assert calls == [1, 1, 2, 2]
 
 
+class _Forwarding(nn.Module):
+    """Finds missing attributes on the module it wraps (no_sync included)."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(super().__getattr__('inner'), name)
+
+    def forward(self, x):
+        return self.inner(x)
+
+
+@pytest.mark.parametrize('wrapper_cls', [OptimWrapper, AmpOptimWrapper])
+def test_no_sync_found_through_a_forwarding_getattr_and_not_on_plain_modules(wrapper_cls):
+    ddp = _FakeDDP(R.Net())
+    model = _Forwarding(ddp)
+    kwargs = {} if wrapper_cls is OptimWrapper else {'dtype': _caps.train_dtype('native')}
+    wrapper = wrapper_cls(torch.optim.SGD(model.parameters(), lr=0.1), accumulative_counts=2,
+                          **kwargs)
+    for batch in R.make_data(2):
+        with wrapper.optim_context(model):
+            loss = R.mse(model, batch)
+        wrapper.update_params(loss)
+    assert ddp.no_sync_calls == 1
+    # A plain module (even one with a submodule called no_sync) enters no context.
+    plain = R.Net()
+    plain.no_sync = nn.Identity()
+    wrapper = wrapper_cls(torch.optim.SGD(plain.parameters(), lr=0.1), accumulative_counts=2,
+                          **kwargs)
+    with wrapper.optim_context(plain):
+        R.mse(plain, R.make_data(1)[0])
+
+
 def test_clip_grad_norm_matches_torch_and_exposes_the_norm():
     batch = R.make_data(1)[0]
     model, ref = R.Net(), R.Net()

@@ -371,8 +371,8 @@ class AmpOptimWrapper(OptimWrapper):
                 inner = _torch.autocast_for(device_type, enabled=False)
         else:
             inner = CastIO(model, self.dtype)
-        outer = super().optim_context(model)
-        context = Both(outer, inner) if self._skips_sync(model) else inner
+        # The parent's context (no DDP all-reduce while accumulating), decided once.
+        context = Both(model.no_sync(), inner) if self._skips_sync(model) else inner
         guard = self._guard
         if guard is not None and guard.armed:
             return Both(Guarded(guard, model), context)
