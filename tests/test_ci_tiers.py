@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-TIERS = {'compat': 'torch', 'consumers': 'mmdet', 'mmengine': 'mmengine'}
+TIERS = {'compat': 'torch', 'consumers': 'mmdet', 'mmengine': 'mmengine',
+         'docs': 'mkdocstrings'}
 
 
 def _have_pip() -> bool:
@@ -87,7 +88,7 @@ def test_an_index_that_answers_without_the_pin_fails_the_tier(tier, tmp_path):
         assert result.stdout.splitlines()[-1] == 'compat-result: 1.13.1 - - - - failed'
 
 
-@pytest.mark.parametrize('tier', ['consumers', 'mmengine'])
+@pytest.mark.parametrize('tier', ['consumers', 'mmengine', 'docs'])
 def test_a_cached_environment_that_does_not_import_is_not_reused(tier, tmp_path):
     venv = tmp_path / tier
     (venv / 'bin').mkdir(parents=True)
@@ -105,10 +106,10 @@ def test_a_cached_environment_that_does_not_import_is_not_reused(tier, tmp_path)
     assert 'reusing' not in result.stdout and 'passed' not in result.stdout
 
 
-def _source(script: str, tmp_path: Path) -> subprocess.CompletedProcess:
+def _source(script: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(['bash', '-c', f'. .ci/_tier.sh && {script}'], cwd=str(ROOT),
                           capture_output=True, text=True, timeout=60,
-                          env=_env(tmp_path))
+                          env={**_env(tmp_path), **env})
 
 
 # Abridged from pip 23's output in each case.
@@ -173,3 +174,98 @@ def test_a_folder_holding_anything_else_is_refused_and_left_alone(tmp_path):
     assert 'holds notes.txt, so it is not only a virtualenv' in result.stdout
     assert venv.joinpath('notes.txt').read_text() == 'mine\n'
     assert venv.joinpath('.fp16utils-consumers').exists()
+
+
+# What apt-get says (abridged from Debian 12's) when its mirrors cannot be reached, and
+# when they answer without the package.
+APT_OFFLINE = ("Err:1 http://deb.debian.org/debian bookworm InRelease\n"
+               "  Temporary failure resolving 'deb.debian.org'\n"
+               "W: Some index files failed to download. They have been ignored, or old ones "
+               "used instead.\n")
+APT_ONLINE = 'Hit:1 http://deb.debian.org/debian bookworm InRelease\nReading package lists...\n'
+APT_NO_PACKAGE = 'E: Unable to locate package chromium\n'
+
+
+def _fake_apt(tmp_path: Path, update: str, install: str, installs: bool = False,
+              uid: int = 0) -> dict:
+    """PATH with an apt-get that prints UPDATE / INSTALL (and maybe installs) and an id."""
+    fake = tmp_path / 'bin'
+    fake.mkdir()
+    update_file, install_file = tmp_path / 'update.txt', tmp_path / 'install.txt'
+    update_file.write_text(update)
+    install_file.write_text(install)
+    chromium = tmp_path / 'chromium'
+    put = f'printf "#!/bin/sh\\necho Chromium 1\\n" >{chromium}; chmod +x {chromium}'
+    fake.joinpath('apt-get').write_text(
+        '#!/bin/sh\n'
+        f'echo "$@" >>{tmp_path / "apt-calls.txt"}\n'
+        f'case "$1" in update) cat {update_file}; exit 0 ;; esac\n'
+        f'cat {install_file}\n' + (f'{put}; exit 0\n' if installs else 'exit 100\n'))
+    fake.joinpath('id').write_text(f'#!/bin/sh\necho {uid}\n')
+    for name in ('apt-get', 'id'):
+        fake.joinpath(name).chmod(0o755)
+    return {'PATH': f'{fake}:{os.environ["PATH"]}'}
+
+
+def _find_chromium(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+    script = (f'. .ci/_chromium.sh && tier_init docs && tier_chromium {tmp_path}/chromium '
+              '&& echo "CHROMIUM=$CHROMIUM" && echo "SKIP=$BROWSER_SKIP"')
+    env.setdefault('FP16UTILS_CHROMIUM', '')
+    return _source(script, tmp_path, **env)
+
+
+def test_the_docs_tier_uses_the_chromium_that_is_there(tmp_path):
+    chromium = tmp_path / 'chromium'
+    chromium.write_text('#!/bin/sh\n')
+    chromium.chmod(0o755)
+    result = _find_chromium(tmp_path, **_fake_apt(tmp_path, APT_ONLINE, APT_NO_PACKAGE))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f'CHROMIUM={chromium}' in result.stdout.splitlines()
+    assert not (tmp_path / 'apt-calls.txt').exists()
+
+
+def test_the_docs_tier_installs_chromium_with_apt(tmp_path):
+    result = _find_chromium(tmp_path, **_fake_apt(tmp_path, APT_ONLINE, 'Setting up chromium',
+                                                  installs=True))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert 'docs: installed Chromium 1' in result.stdout
+    assert f'CHROMIUM={tmp_path / "chromium"}' in result.stdout.splitlines()
+    assert 'SKIP=' in result.stdout.splitlines()
+    calls = (tmp_path / 'apt-calls.txt').read_text().splitlines()
+    assert calls[0] == 'update' and calls[1].startswith('install -y ')
+    assert calls[1].endswith(' chromium')
+
+
+def test_without_apt_mirrors_only_the_browser_check_is_skipped(tmp_path):
+    result = _find_chromium(tmp_path, **_fake_apt(tmp_path, APT_OFFLINE, APT_NO_PACKAGE))
+    assert result.returncode == 0, result.stdout + result.stderr
+    skip = [line for line in result.stdout.splitlines() if line.startswith('SKIP=')]
+    assert skip == ["SKIP=apt-get could not reach its mirrors to install chromium "
+                    "(Temporary failure resolving 'deb.debian.org')"]
+    assert 'FAILED' not in result.stdout and 'docs: skipped' not in result.stdout
+
+
+def test_an_apt_that_answers_without_chromium_fails_the_tier(tmp_path):
+    result = _find_chromium(tmp_path, **_fake_apt(tmp_path, APT_ONLINE, APT_NO_PACKAGE))
+    assert result.returncode == 1
+    assert f'docs: FAILED: apt-get install chromium failed (log: {tmp_path}/docs-apt.log)' \
+        in result.stdout
+    assert 'E: Unable to locate package chromium' in result.stdout  # the log's tail
+    assert 'CHROMIUM=' not in result.stdout
+
+
+def test_no_chromium_and_no_way_to_install_it_fails_the_tier(tmp_path):
+    result = _find_chromium(tmp_path, **_fake_apt(tmp_path, APT_ONLINE, '', uid=1000))
+    assert result.returncode == 1
+    assert f'docs: FAILED: no Chromium at {tmp_path}/chromium, and it cannot be installed ' \
+           'here (that needs root and apt-get)' in result.stdout
+    assert not (tmp_path / 'apt-calls.txt').exists()
+
+
+def test_a_chromium_named_by_the_environment_must_be_there(tmp_path):
+    missing = tmp_path / 'elsewhere' / 'chrome'
+    result = _find_chromium(tmp_path, FP16UTILS_CHROMIUM=str(missing),
+                            **_fake_apt(tmp_path, APT_ONLINE, '', installs=True))
+    assert result.returncode == 1
+    assert f'docs: FAILED: FP16UTILS_CHROMIUM={missing} is not a program' in result.stdout
+    assert not (tmp_path / 'apt-calls.txt').exists()
