@@ -47,6 +47,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
     from .wrap import patch_forward_method, patch_norm_fp32, wrap_fp16_model
 
 __version__ = '0.1.0'
+"""This package's version: the newest release in CHANGELOG.md."""
 
 __all__ = [
     'AmpOptimWrapper',

@@ -336,8 +336,10 @@ def find_overflow(model: nn.Module, *, check_grads: bool = True,
 
     Raises:
         TypeError: When ``model`` is not an ``nn.Module``, or a flag is not a bool.
-        (A UserWarning, not an error, names the TorchScript submodules: they take
-        no hooks, and ``report.unwatched`` lists them.)
+
+    Warns:
+        UserWarning: Naming the TorchScript submodules: they take no hooks, and
+            ``report.unwatched`` lists them.
 
     Example:
         >>> import torch

@@ -8,7 +8,7 @@ import torch
 
 from fp16utils import _torch
 
-PAGE = Path(__file__).resolve().parents[1] / 'docs' / 'compatibility.md'
+PAGE = Path(__file__).resolve().parents[1] / 'docs' / 'reference' / 'compatibility.md'
 
 
 def test_every_example_of_the_compatibility_page_runs():

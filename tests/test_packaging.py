@@ -18,25 +18,30 @@ import fp16utils
 ROOT = Path(__file__).resolve().parents[1]
 
 
+#: The test command, as README.md gives it and .ci/run runs it.
+TEST_COMMAND = 'pip install -e ".[test]" && python -m pytest -q'
+
+
 def readme_commands() -> list[str]:
-    quick = ROOT.joinpath('README.md').read_text().split('## Quick start', 1)[1]
-    quick = quick.split('\n## ', 1)[0]
-    return re.findall(r'```bash\n(.+?)\n```', quick)
+    """The bash blocks of README.md, each as one string."""
+    text = ROOT.joinpath('README.md').read_text()
+    return [block.strip() for block in re.findall(r'```bash\n(.+?)```', text, re.S)]
 
 
-def test_readme_quick_start_has_the_two_commands():
-    install_and_run, install_and_test = readme_commands()[:2]
-    assert install_and_run == 'pip install -e . && fp16utils demo'
-    assert '.[test]' in install_and_test and 'pytest' in install_and_test
+def test_readme_gives_the_install_the_demo_and_the_test_command():
+    commands = readme_commands()
+    assert 'pip install -e .' in commands
+    assert any(re.fullmatch(r'fp16utils demo( --steps \d+)?', c) for c in commands), commands
+    assert TEST_COMMAND in commands
 
 
 def test_ci_runs_exactly_the_readme_test_command_after_torch():
     lines = [ln.strip() for ln in ROOT.joinpath('.ci', 'run').read_text().splitlines()
              if ln.strip() and not ln.lstrip().startswith('#')]
-    test_command = readme_commands()[1]
-    assert test_command in lines
+    assert TEST_COMMAND in readme_commands()
+    assert TEST_COMMAND in lines
     torch_line = next(i for i, ln in enumerate(lines) if 'torch==2.13.0' in ln)
-    assert torch_line < lines.index(test_command)
+    assert torch_line < lines.index(TEST_COMMAND)
     assert 'set -euo pipefail' in lines
 
 
@@ -65,6 +70,44 @@ def test_package_is_typed_and_versioned():
     assert ROOT.joinpath('fp16utils', 'py.typed').is_file()
     assert re.fullmatch(r'\d+\.\d+\.\d+', fp16utils.__version__)
     assert '## [Unreleased]' in ROOT.joinpath('CHANGELOG.md').read_text()
+
+
+def newest_release(changelog: str) -> str:
+    """The version of the first release heading, ``## [X.Y.Z] - YYYY-MM-DD``."""
+    releases = re.findall(r'^## \[(\d+\.\d+\.\d+)\] - \d{4}-\d{2}-\d{2}$', changelog, re.M)
+    assert releases, 'CHANGELOG.md has no release heading "## [X.Y.Z] - YYYY-MM-DD"'
+    return releases[0]
+
+
+def test_the_version_is_the_newest_release_of_the_changelog_everywhere():
+    changelog = ROOT.joinpath('CHANGELOG.md').read_text()
+    newest = newest_release(changelog)
+    assert changelog.index('## [Unreleased]') < changelog.index(f'## [{newest}]')
+    assert fp16utils.__version__ == newest
+    # setup.py reads the version from the package: the distribution has the same one.
+    done = subprocess.run([sys.executable, 'setup.py', '--version'], cwd=str(ROOT),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == newest
+    # pyproject.toml declares no version of its own (or the same one).
+    declared = re.findall(r'^version\s*=\s*["\']([^"\']+)["\']',
+                          ROOT.joinpath('pyproject.toml').read_text(), re.M)
+    assert set(declared) <= {newest}
+    cli = subprocess.run([sys.executable, '-m', 'fp16utils', '--version'], cwd=str(ROOT),
+                         capture_output=True, text=True, timeout=120)
+    assert cli.stdout.strip() == f'fp16utils {newest}'
+
+
+@pytest.mark.parametrize('text, newest', [
+    ('## [Unreleased]\n\n## [0.2.0] - 2027-01-02\n\n## [0.1.0] - 2026-11-25\n', '0.2.0'),
+    ('## [Unreleased]\n### Added\n- x\n\n## [1.0.0] - 2026-11-25\n', '1.0.0')])
+def test_newest_release_is_the_first_heading(text, newest):
+    assert newest_release(text) == newest
+
+
+def test_a_changelog_without_a_release_is_caught():
+    with pytest.raises(AssertionError, match='no release heading'):
+        newest_release('## [Unreleased]\n\n## 0.1.0\n')
 
 
 def test_public_api_is_all_exported_and_documented():

@@ -22,8 +22,8 @@ from .tracing import is_compiling as _is_compiling
 __all__ = ['BACKENDS', 'BACKEND_ENV', 'TORCH_VERSION', 'backend_reason', 'default_backend',
            'digit_version', 'forget', 'has_native_amp', 'resolve_backend']
 
-#: The running torch version string, e.g. ``'2.13.0+cpu'``. Tests patch it.
 TORCH_VERSION: str = str(torch.__version__)  # a plain str (dynamo hashes it as a key)
+"""The running torch's version string, e.g. ``'2.13.0+cpu'`` (tests patch it)."""
 
 #: Environment variable that forces a backend for the whole process.
 BACKEND_ENV = 'FP16UTILS_BACKEND'

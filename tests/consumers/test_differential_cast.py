@@ -4,7 +4,7 @@ Every input kind (tensors of several dtypes, arrays, strings, numbers, None, odd
 objects, each container type) meets every ``(src_type, dst_type)`` pair, the
 dtypes, None, ``str``, ``np.ndarray`` and what ``Tensor.to`` reads among them; then
 random nestings of them (hypothesis). Both answer the same, or both raise. The
-differences README.md lists are asserted, each exactly, at the end.
+differences docs/reference/differences-mmcv.md lists are asserted, each exactly, at the end.
 """
 
 from __future__ import annotations
@@ -201,7 +201,7 @@ def test_random_nestings_cast_as_in_mmcv(inputs, pair):
     compare(inputs, _copy(inputs), src, dst)
 
 
-# -- the differences README.md lists -----------------------------------------------------
+# -- the differences docs/reference/differences-mmcv.md lists -----------------------------
 
 
 @compares('cast_tensor_type', ['difference: nothing to cast'])

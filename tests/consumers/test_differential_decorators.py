@@ -7,7 +7,7 @@ compared. The bodies are what autocast leaves alone (the arguments themselves,
 elementwise arithmetic): on a machine without CUDA mmcv's ``torch.cuda.amp.autocast``
 is disabled (with a warning) and its decorators only cast the arguments, while
 fp16utils autocasts on the CPU; that difference has its own test below, with the
-others README.md lists.
+others docs/reference/differences-mmcv.md lists.
 """
 
 from __future__ import annotations
@@ -163,7 +163,7 @@ def test_random_arguments_match_mmcv(name, apply_to, out, flag, form, x, y, z):
     compare(name, apply_to, out, flag, args, kwargs)
 
 
-# -- the differences README.md lists -------------------------------------------------------
+# -- the differences docs/reference/differences-mmcv.md lists -----------------------------
 
 
 def _on(lib, name, func, **kwargs):

@@ -157,7 +157,7 @@ def test_has_overflow_answers_alike_in_dynamic_mode(names):
     assert ours.has_overflow(iter(params)) == theirs.has_overflow(iter(params))
 
 
-# -- the differences README.md lists (LossScaler) -------------------------------------------
+# -- the differences docs/reference/differences-mmcv.md lists (LossScaler) ----------------
 
 
 @compares('LossScaler.has_overflow', ['difference: static mode'])
@@ -328,7 +328,7 @@ def test_hooks_write_the_same_state_and_weights_and_resume_each_other(backend, l
             assert torch.allclose(got.float(), expected.float(), rtol=1e-3, atol=1e-4)
 
 
-# -- the differences README.md lists (hooks) ------------------------------------------------
+# -- the differences docs/reference/differences-mmcv.md lists (hooks) ---------------------
 
 
 @compares('Fp16OptimizerHook', ['difference: meta keys'])

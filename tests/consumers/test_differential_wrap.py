@@ -227,7 +227,7 @@ def test_patch_forward_method_matches_mmcvs(src, dst, convert):
     assert difference(got, expected) is None
 
 
-# -- the differences README.md lists -------------------------------------------------------
+# -- the differences docs/reference/differences-mmcv.md lists -----------------------------
 
 
 @compares('wrap_fp16_model', ['difference: return value and recorded attributes'])

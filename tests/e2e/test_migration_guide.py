@@ -1,4 +1,5 @@
-"""README's migration steps, followed end to end on a 0.x model with a ``@force_fp32`` loss.
+"""The migration guide's steps (docs/migration/), followed end to end on a 0.x model with a
+``@force_fp32`` loss.
 
 A small 0.x codebase (an ``@auto_fp16`` forward, a ``@force_fp32`` loss, the
 ``fp16_enabled`` flag, mmcv imports) is written to a temporary folder, then taken

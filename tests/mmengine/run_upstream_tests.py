@@ -10,7 +10,7 @@ The test files are copied into a temporary folder (never into this repository), 
 to a ``conftest.py`` that puts the plug-in's classes in place of MMEngine's under
 ``mmengine.optim`` (``OptimWrapper``, ``AmpOptimWrapper``, ``OptimWrapperDict``,
 ``DefaultOptimWrapperConstructor``) before the tests import them; pytest then runs
-them and this script prints which failed. README's "Differences from MMEngine" says
+them and this script prints which failed. docs/reference/differences-mmengine.md says
 why each expected failure differs. It needs the tests' own extra dependencies
 (``parameterized``); tests that need CUDA or apex skip as upstream.
 """
