@@ -1,4 +1,8 @@
-"""Quick start: the 0.x decorators on a small model, on whatever device is present.
+"""Quick start: a model written for the 0.x fp16 API trains in bfloat16 on the CPU.
+
+The model marks its forward with ``@auto_fp16`` and its loss with ``@force_fp32``,
+as mmcv 1.x codebases do; ``wrap_fp16_model`` switches them on. bfloat16 has the
+range of float32, so the loop needs no loss scaler: it is a plain PyTorch loop.
 
 Run: python examples/quickstart.py
 """
@@ -6,7 +10,7 @@ Run: python examples/quickstart.py
 import torch
 from torch import nn
 
-from fp16utils import LossScaler, auto_fp16, force_fp32, wrap_fp16_model
+from fp16utils import auto_fp16, force_fp32, wrap_fp16_model
 
 
 class TinyNet(nn.Module):
@@ -15,35 +19,33 @@ class TinyNet(nn.Module):
         self.body = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
         self.fp16_enabled = False  # switched on by wrap_fp16_model
 
-    @auto_fp16(apply_to=('x',))
+    @auto_fp16(apply_to=('x',))  # x is cast, the forward runs under autocast
     def forward(self, x):
         return self.body(x)
 
-    @force_fp32(apply_to=('logits',))
+    @force_fp32(apply_to=('logits',))  # logits come back to float32, autocast is off
     def loss(self, logits, target):
         return nn.functional.cross_entropy(logits, target)
 
 
 def main() -> None:
-    device = 'cuda' if torch.cuda.is_available() else 'cpu'
     torch.manual_seed(0)
-    model = wrap_fp16_model(TinyNet().to(device))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    scaler = LossScaler(init_scale=2.0**10, scale_window=50)
-    x = torch.randn(256, 32, device=device)
-    target = (x[:, :4].argmax(1)).to(device)
-    for step in range(100):
+    model = wrap_fp16_model(TinyNet(), dtype=torch.bfloat16)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    x = torch.randn(256, 32)
+    target = x[:, :4].argmax(1)  # a learnable rule: the largest of the first 4 inputs
+    losses = []
+    for step in range(60):
         logits = model(x)
         loss = model.loss(logits, target)
-        opt.zero_grad()
-        scaler.scale(loss).backward()
-        overflow = scaler.unscale_(model.parameters())
-        if not overflow:
-            opt.step()
-        scaler.update_scale(overflow)
-        if step % 25 == 0 or step == 99:
-            print(f'step {step:3d}  logits {logits.dtype}  loss {loss.item():.4f}  '
-                  f'scale {scaler.loss_scale:g}')
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+        if step % 20 == 0:
+            print(f'step {step:2d}  logits {logits.dtype}  loss {loss.dtype} {loss.item():.4f}')
+    print(f'summary: logits {logits.dtype}, loss {loss.dtype}, '
+          f'loss {losses[0]:.4f} -> {losses[-1]:.4f} in {len(losses)} steps')
 
 
 if __name__ == '__main__':
