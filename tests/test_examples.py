@@ -310,6 +310,8 @@ def test_fsdp2_shards_agree_on_the_skip(outputs, name):
                    r'of (\d+) parameters$')
     held = [int(g) for g in m.groups()]
     assert held[1] == held[3] == held[0] + held[2] and 0 < held[0] < held[1]
+    # The non-finite check runs on each rank's shard: no DTensor replication of its flag.
+    assert 'implicitly creating a replicated DTensor' not in outputs[name].stderr
 
 
 # ------------------------------------------------------------ mmcv and MMEngine

@@ -95,6 +95,7 @@ from .ops import (
     foreach_zero_,
     fused_non_finite_check,
     group_by_device_and_dtype,
+    local_tensor,
     sparse_values,
     unflatten_dense_tensors,
 )
@@ -179,6 +180,7 @@ __all__ = [
     'foreach_div_',
     'foreach_zero_',
     'fused_non_finite_check',
+    'local_tensor',
     'sparse_values',
     'unflatten_dense_tensors',
     # private torch state (state.py)

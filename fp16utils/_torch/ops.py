@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-__all__ = ['flatten_dense_tensors', 'foreach_div_', 'foreach_zero_',
+__all__ = ['flatten_dense_tensors', 'foreach_div_', 'foreach_zero_', 'local_tensor',
            'fused_non_finite_check', 'group_by_device_and_dtype', 'sparse_values',
            'unflatten_dense_tensors']
 
@@ -149,6 +149,23 @@ def sparse_values(tensor: torch.Tensor) -> torch.Tensor:
     if values is not None:
         return values()
     return tensor.coalesce().values()
+
+
+def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a distributed tensor (FSDP2's DTensor), else ``tensor``.
+
+    A DTensor's ``to_local()`` is a view of its local shard, so an in-place
+    check-and-unscale of it changes the DTensor; checking the shards, then
+    agreeing across ranks, avoids DTensor replicating the one-element flag
+    tensors of the fused kernel (and the warning it gives for that).
+
+    Example:
+        >>> t = torch.ones(2)
+        >>> local_tensor(t) is t
+        True
+    """
+    to_local = getattr(type(tensor), 'to_local', None)
+    return tensor if to_local is None else to_local(tensor)
 
 
 def fused_non_finite_check() -> Optional[Callable[..., Any]]:

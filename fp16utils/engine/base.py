@@ -58,7 +58,7 @@ def optimizer_device_type(optimizer: Any) -> str:
 
 
 def _dense_grads(params: List[Any]) -> List[_Tensor]:
-    """The dense gradients of ``params``, skipping those without one."""
+    """The dense gradients of ``params`` (a DTensor's local shard), skipping those without one."""
     grads = []
     for p in params:
         grad = p.grad
@@ -66,7 +66,7 @@ def _dense_grads(params: List[Any]) -> List[_Tensor]:
             continue
         if grad.is_sparse:
             grad = _torch.sparse_values(grad)
-        grads.append(grad)
+        grads.append(_torch.local_tensor(grad))  # FSDP2: this rank's shard
     return grads
 
 
