@@ -33,6 +33,11 @@ from torch import nn
 
 from fp16utils import LossScaler, auto_fp16, force_fp32, wrap_fp16_model
 
+try:  # run as a script: benchmarks/ is on sys.path
+    from _support import cannot_measure
+except ImportError:  # imported as benchmarks.decorators
+    from benchmarks._support import cannot_measure
+
 
 class Plain(nn.Module):
     def forward(self, x, y):
@@ -321,6 +326,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.quick:
         args.number, args.repeats = 2000, 3
+    why = cannot_measure(torch.device(args.device).type, torch.float16)
+    if why:  # the decorators' default dtype, and the hand-written code's
+        parser.exit(2, f'{parser.prog}: cannot measure float16 here: {why}\n')
     torch.set_num_threads(1)
     rows, headline = run(args.device, args.number, args.repeats, args.params, args.numel)
     print(f'device: {args.device} | torch {torch.__version__} | '

@@ -55,6 +55,11 @@ from torch import nn
 import fp16utils
 from fp16utils import AmpOptimWrapper, Fp16OptimizerHook, auto_fp16
 
+try:  # run as a script: benchmarks/ is on sys.path
+    from _support import cannot_measure
+except ImportError:  # imported as benchmarks.train_step
+    from benchmarks._support import cannot_measure
+
 Batch = Tuple[torch.Tensor, torch.Tensor]
 Step = Callable[[Batch], None]
 
@@ -400,6 +405,10 @@ def main(argv: List[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.quick:
         args.steps, args.repeats, args.warmup, args.min_block = 5, 3, 3, 0.02
+    dtype = fp16utils._torch.resolve_dtype(args.dtype)
+    why = cannot_measure(torch.device(args.device).type, dtype, grad_scaler=True)
+    if why:
+        parser.exit(2, f'{parser.prog}: cannot measure {args.dtype} here: {why}\n')
     if args.world_size > 1:
         bench_world(args)
         return

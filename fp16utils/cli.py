@@ -291,8 +291,9 @@ def cmd_bench(args: argparse.Namespace, out: TextIO) -> int:
         raise UsageError(f'{_one_line(args.name)!r}: not a benchmark name; give the name of '
                          'one in benchmarks/ (e.g. decorators)')
     script = root / f'{args.name}.py'
-    if not script.is_file():
-        available = sorted(p.stem for p in root.glob('*.py')) if root.is_dir() else []
+    if args.name.startswith('_') or not script.is_file():  # _name.py: a shared helper
+        available = sorted(p.stem for p in root.glob('*.py')
+                           if not p.stem.startswith('_')) if root.is_dir() else []
         if not available:
             raise CommandError(
                 f'{root}: no benchmarks here; they ship with the source checkout '

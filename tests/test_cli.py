@@ -386,6 +386,24 @@ def test_bench_unknown_name_lists_available():
     proc = call('bench', 'nope')
     assert proc.returncode == 2
     assert_one_line_error(proc, 'nope', 'decorators')
+    assert '_support' not in proc.stderr  # a shared helper, not a benchmark
+
+
+def test_bench_refuses_a_helper_module_by_name():
+    proc = call('bench', '_support')
+    assert proc.returncode == 2
+    assert_one_line_error(proc, '_support: no such benchmark', 'train_step')
+
+
+def test_bench_says_in_one_line_when_torch_cannot_measure(monkeypatch):
+    # What a torch without float16 CPU kernels (1.13) answers: exit 2, one line, no table.
+    from fp16utils import _torch
+    monkeypatch.setattr(_torch, 'kernels_support', lambda device, dtype: dtype != torch.float16)
+    proc = call('bench', 'decorators', '--quick')
+    assert proc.returncode == 2 and proc.stdout == ''
+    assert proc.stderr.splitlines() == [
+        f'decorators.py: cannot measure float16 here: torch {torch.__version__} has no '
+        'float16 matrix kernels on cpu']
 
 
 # -------------------------------------------------------------------- demo

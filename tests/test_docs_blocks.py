@@ -22,7 +22,9 @@ The rules, as a reader meets the pages:
   skipped where that package is not installed: it runs in the tier that installs it
   (.ci/consumers, .ci/mmengine). A block that trains in float16 is skipped, naming the
   missing capability, where this torch cannot train float16 on the CPU (the rule of the
-  root conftest.py for doctests).
+  root conftest.py for doctests). A shell block that runs a benchmark is skipped where
+  the benchmark says it cannot measure (benchmarks/_support.py: no float16 kernels, no
+  ``torch.amp.GradScaler``).
 """
 
 from __future__ import annotations
@@ -115,10 +117,33 @@ def _float16_lacks(body: str) -> str | None:
     return None
 
 
+_BENCH = re.compile(r'(?:\bfp16utils bench |\bbenchmarks/)(?P<name>\w+)(?:\.py)?(?P<args>[^\n]*)')
+
+
+def _benchmark_lacks(body: str) -> str | None:
+    """Why a benchmark the block runs cannot measure on this torch's CPU (its own check)."""
+    import torch
+
+    spec = spec_from_file_location('_fp16utils_bench_support', ROOT / 'benchmarks' / '_support.py')
+    support = module_from_spec(spec)
+    spec.loader.exec_module(support)
+    for match in _BENCH.finditer(body):
+        if '--help' in match.group('args'):
+            continue  # the help needs nothing
+        dtype = re.search(r'--dtype[ =](\w+)', match.group('args'))
+        why = support.cannot_measure('cpu', getattr(torch, dtype.group(1) if dtype else 'float16'),
+                                     grad_scaler=match.group('name') == 'train_step')
+        if why:
+            name = match.group('name')
+            return f'the block runs benchmarks/{name}.py, which cannot measure here: {why}'
+    return None
+
+
 def _skip_reason(block: Block) -> str | None:
     if block.not_run:
         return f'{block.where}: not run: {block.not_run}'
-    return _missing_package(block.body) or _float16_lacks(block.body)
+    return (_missing_package(block.body) or _float16_lacks(block.body)
+            or (_benchmark_lacks(block.body) if block.lang in _SHELL else None))
 
 
 def _script_id(block: Block) -> str:
