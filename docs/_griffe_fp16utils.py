@@ -9,20 +9,23 @@ For the site, this griffe extension rewrites each docstring before it is parsed:
 - a role that names an object documented on an API page (a ``::: name`` line of
   docs/reference/api/*.md) becomes a link to it; any other role becomes inline code;
 - a parameter default that is a private sentinel (``loss_scale=_UNSET``) shows what
-  ``help()`` shows: the sentinel's repr, which says what the default means.
+  ``help()`` shows: the sentinel's repr, which says what the default means (read from
+  the source, never imported).
 
 mkdocs.yml loads it (``extensions:`` of the python handler); it is not a page.
 """
 
 from __future__ import annotations
 
-import importlib
-import inspect
+import ast
 import re
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-import griffe
+try:
+    import griffe
+except ImportError:  # the docs tools are missing: the functions still work (tests)
+    griffe = None
 
 _API = Path(__file__).resolve().parent / 'reference' / 'api'
 _ROLE = re.compile(r':(?:class|func|meth|attr|data|mod|exc|obj):`(?P<tilde>~?)(?P<target>[^`]+)`')
@@ -60,43 +63,55 @@ def rewrite(text: str, targets: Dict[str, str]) -> str:
     return _EXAMPLE.sub(r'\g<indent>Examples:', _ROLE.sub(role, text))
 
 
-def runtime_default(path: str, name: str) -> Optional[str]:
-    """The repr of the default of parameter ``name`` of the function at ``path``, or None.
+def sentinel_repr(source: str, name: str) -> Optional[str]:
+    """What ``repr()`` of the module-level sentinel ``name`` gives, read from ``source``.
 
-    Imports the module (the docs are built where the package's dependencies are);
-    None where that fails, and the source text stays.
+    The sentinel must be ``name = SomeClass()`` (annotated or not) with
+    ``SomeClass.__repr__`` returning one string literal; None otherwise. Nothing is
+    imported: the site builds where torch is not installed.
+
+    Example:
+        >>> sentinel_repr("class _D:\\n    def __repr__(self):\\n        return '<d>'\\n"
+        ...               "_UNSET = _D()\\n", '_UNSET')
+        '<d>'
     """
-    parts = path.split('.')
-    for split in range(len(parts) - 1, 0, -1):
-        try:
-            obj: Any = importlib.import_module('.'.join(parts[:split]))
-        except ImportError:
-            continue
-        try:
-            for attr in parts[split:]:
-                obj = getattr(obj, attr)
-            default = inspect.signature(obj).parameters[name].default
-        except (AttributeError, KeyError, TypeError, ValueError):
-            return None
-        return None if default is inspect.Parameter.empty else repr(default)
+    tree = ast.parse(source)
+    made = None
+    for node in tree.body:
+        target = getattr(node, 'target', None) or (node.targets[0] if isinstance(
+            node, ast.Assign) and len(node.targets) == 1 else None)
+        value = getattr(node, 'value', None)
+        if (isinstance(target, ast.Name) and target.id == name and isinstance(value, ast.Call)
+                and isinstance(value.func, ast.Name)):
+            made = value.func.id
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == made:
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name == '__repr__':
+                    returns = [n for n in ast.walk(item) if isinstance(n, ast.Return)]
+                    if len(returns) == 1 and isinstance(returns[0].value, ast.Constant) and (
+                            isinstance(returns[0].value.value, str)):
+                        return returns[0].value.value
     return None
 
 
-class Fp16utilsDocstrings(griffe.Extension):
-    """Rewrites each docstring of the package as :func:`rewrite` says."""
+if griffe is not None:
+    class Fp16utilsDocstrings(griffe.Extension):
+        """Rewrites each docstring of the package as :func:`rewrite` says."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.targets = documented()
+        def __init__(self) -> None:
+            super().__init__()
+            self.targets = documented()
 
-    def on_function_instance(self, *, func: Any, **kwargs: Any) -> None:
-        for parameter in func.parameters:
-            if re.fullmatch(r'_\w+', str(parameter.default)):
-                shown = runtime_default(func.path, parameter.name)
-                if shown is not None:
-                    parameter.default = shown
+        def on_function_instance(self, *, func: Any, **kwargs: Any) -> None:
+            for parameter in func.parameters:
+                if re.fullmatch(r'_\w+', str(parameter.default)):
+                    path = func.module.filepath
+                    shown = sentinel_repr(Path(path).read_text(), str(parameter.default))
+                    if shown is not None:
+                        parameter.default = shown
 
-    def on_instance(self, *, obj: Any, **kwargs: Any) -> None:
-        docstring = getattr(obj, 'docstring', None)
-        if docstring is not None and obj.path.startswith('fp16utils'):
-            docstring.value = rewrite(docstring.value, self.targets)
+        def on_instance(self, *, obj: Any, **kwargs: Any) -> None:
+            docstring = getattr(obj, 'docstring', None)
+            if docstring is not None and obj.path.startswith('fp16utils'):
+                docstring.value = rewrite(docstring.value, self.targets)

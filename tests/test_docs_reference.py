@@ -104,7 +104,7 @@ def _griffe_extension():
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
-    except ImportError as err:  # griffe comes with the docs tools only
+    except ImportError as err:
         pytest.skip(f'the docs tools are not installed: {err}')
     return module
 
@@ -123,10 +123,13 @@ def test_the_site_renders_roles_as_links_or_code_and_examples_as_code():
 
 
 def test_the_site_shows_a_sentinel_default_as_help_does():
+    from fp16utils.optim import amp
+
     ext = _griffe_extension()
-    assert ext.runtime_default('fp16utils.optim.amp.AmpOptimWrapper.__init__',
-                               'loss_scale').startswith("<default: 'dynamic'")
-    assert ext.runtime_default('fp16utils.no_such_module.f', 'x') is None
+    source = Path(amp.__file__).read_text()
+    assert ext.sentinel_repr(source, '_UNSET') == repr(amp._UNSET)
+    assert ext.sentinel_repr(source, '_LOW_PRECISION') is None  # not a sentinel object
+    assert ext.sentinel_repr(source, '_NO_SUCH_NAME') is None
 
 
 # --------------------------------------------------------------------- the command line
