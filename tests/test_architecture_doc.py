@@ -52,3 +52,10 @@ def test_every_submodule_of_a_described_package_is_named_in_its_row(package):
     described = set(re.findall(r'`(\w+)`', row[2]))
     submodules = {p.stem for p in (PACKAGE / package).glob('*.py')} - {'__init__'}
     assert sorted(submodules - described) == []
+
+
+def test_no_module_of_the_package_reaches_500_lines():
+    """Small modules, one concept each: a file that grows past the limit is split."""
+    long = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob('*.py')
+            if (n := len(p.read_text(encoding='utf-8').splitlines())) >= 500}
+    assert long == {}

@@ -25,8 +25,8 @@ from torch import nn
 from .._weak import CacheRef
 from .tracing import is_compiling as _is_compiling
 
-__all__ = ['BatchNormBase', 'InstanceNormBase', 'TensorPath', 'module_device_type',
-           'unwrap_model']
+__all__ = ['BatchNormBase', 'InstanceNormBase', 'TensorPath', 'has_no_sync',
+           'module_device_type', 'unwrap_model']
 
 #: The base class of every BatchNorm layer (``BatchNorm1d/2d/3d``, ``SyncBatchNorm``,
 #: lazy ones): torch's private ``torch.nn.modules.batchnorm._BatchNorm``; where it is
@@ -178,3 +178,23 @@ def unwrap_model(model: Any, *, any_wrapper: bool = False) -> Any:
     if any_wrapper:
         return getattr(model, 'module', model)
     return model.module if isinstance(model, PARALLEL_WRAPPERS) else model
+
+
+def has_no_sync(model: Any) -> bool:
+    """``hasattr(model, 'no_sync')``, without nn.Module's slow ``__getattr__`` miss.
+
+    A class that defines ``no_sync`` (DDP, FSDP, mmcv's wrappers) answers at once; a
+    module whose ``__getattr__`` is nn.Module's own can only add parameters, buffers and
+    submodules there, none of which is a ``no_sync`` method, so it has none.
+
+    Example:
+        >>> from torch import nn
+        >>> has_no_sync(nn.Linear(1, 1))
+        False
+    """
+    cls = type(model)
+    if getattr(cls, 'no_sync', None) is not None:
+        return True
+    if getattr(cls, '__getattr__', None) is nn.Module.__getattr__:
+        return 'no_sync' in model.__dict__
+    return hasattr(model, 'no_sync')

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from .._spec import check_cache_enabled, parse_clip_grad
+from .._torch import has_no_sync
 from ..engine import (
     AccumulationWindow,
     Driven,
@@ -41,21 +42,6 @@ __all__ = ['OptimWrapper']
 
 _Tensor = torch.Tensor
 _NULL_CONTEXT = contextlib.nullcontext()
-
-
-def _has_no_sync(model: Any) -> bool:
-    """``hasattr(model, 'no_sync')``, without nn.Module's slow ``__getattr__`` miss.
-
-    A class that defines ``no_sync`` (DDP, FSDP, mmcv's wrappers) answers at once; a
-    module whose ``__getattr__`` is nn.Module's own can only add parameters, buffers and
-    submodules there, none of which is a ``no_sync`` method, so it has none.
-    """
-    cls = type(model)
-    if getattr(cls, 'no_sync', None) is not None:
-        return True
-    if getattr(cls, '__getattr__', None) is nn.Module.__getattr__:
-        return 'no_sync' in model.__dict__
-    return hasattr(model, 'no_sync')
 
 
 def _check_optimizer(optimizer: Any, owner: str) -> None:
@@ -345,7 +331,7 @@ class OptimWrapper(Driven):
 
         The model first: a trace that reads the iteration count recompiles at each step.
         """
-        return _has_no_sync(model) and not self.should_sync()
+        return has_no_sync(model) and not self.should_sync()
 
     # -- optimizer passthrough --------------------------------------------------------------
 
