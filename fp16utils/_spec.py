@@ -274,7 +274,7 @@ def _check_factor(state: Mapping[str, Any], key: str, owner: str, above_one: boo
     return float(value)
 
 
-def check_scaler_state(state: Any, owner: str) -> str:
+def check_scaler_state(state: Any, owner: str, *, unit_factor: bool = False) -> str:
     """Check a loss scaler state completely; say its format: ``'mmcv'`` or ``'torch'``.
 
     Keys (none missing, none unknown), types and values are checked: a scale in
@@ -286,6 +286,9 @@ def check_scaler_state(state: Any, owner: str) -> str:
     Args:
         state: A ``GradScaler.state_dict()`` or an mmcv ``LossScaler.state_dict()``.
         owner: Who loads it, for the message.
+        unit_factor: Also take a dynamic mmcv state whose ``scale_factor`` is 1
+            (a scale that never moves, as mmcv's ``LossScaler`` keeps it); only
+            ``LossScaler`` itself can hold one.
 
     Returns:
         ``'mmcv'`` or ``'torch'``.
@@ -335,7 +338,7 @@ def check_scaler_state(state: Any, owner: str) -> str:
     if mode not in ('dynamic', 'static'):
         raise _state_error(owner, 'mode', mode, "'dynamic' or 'static'")
     factor = state['scale_factor']
-    if mode == 'dynamic':
+    if mode == 'dynamic' and not (unit_factor and factor == 1 and positive_finite(factor)):
         _check_factor(state, 'scale_factor', owner, True)
     elif not positive_finite(factor):
         raise _state_error(owner, 'scale_factor', factor, 'a finite number > 0')

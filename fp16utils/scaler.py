@@ -187,7 +187,9 @@ class LossScaler:
     Args:
         init_scale: Initial scale, a number in (0, 2**127].
         mode: ``'dynamic'`` or ``'static'``.
-        scale_factor: Factor of growth and backoff (> 1).
+        scale_factor: Factor of growth and backoff (>= 1 in ``'dynamic'``
+            mode; 1 keeps the scale where it is while overflows are still
+            found and skipped, as with mmcv's).
         scale_window: Clean iterations between growths: a whole number >= 1
             (``2.0`` is taken as ``2``, as mmcv takes it; a window with a
             fraction, which mmcv would silently stretch, ``2.5`` to every 5
@@ -207,9 +209,10 @@ class LossScaler:
                 f"LossScaler mode must be 'dynamic' or 'static', got {mode!r}.")
         check_scale(init_scale, 'LossScaler', 'init_scale')
         _check_positive('scale_factor', scale_factor)
-        if scale_factor <= 1 and mode == 'dynamic':
+        if scale_factor < 1 and mode == 'dynamic':  # it would raise the scale on overflow
             raise ValueError(
-                f'LossScaler scale_factor must be > 1 in dynamic mode, got {scale_factor}.')
+                f'LossScaler scale_factor must be >= 1 in dynamic mode (an overflow divides '
+                f'the scale by it), got {scale_factor}.')
         window = check_window(scale_window, 'LossScaler', 'scale_window')
         self.cur_scale = float(init_scale)
         self.cur_iter = 0
@@ -338,7 +341,7 @@ class LossScaler:
             raise KeyError(
                 f'LossScaler state is missing {missing}; expected the keys {MMCV_STATE_KEYS} '
                 'as written by LossScaler.state_dict().')
-        check_scaler_state(state_dict, 'LossScaler.load_state_dict()')
+        check_scaler_state(state_dict, 'LossScaler.load_state_dict()', unit_factor=True)
         for key in MMCV_STATE_KEYS:
             value = state_dict[key]
             if key in ('cur_scale', 'scale_factor'):

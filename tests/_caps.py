@@ -129,3 +129,26 @@ def on_this_cpu(cfg: dict) -> dict:
         return entry
 
     return {key: fix(value) for key, value in fix(cfg).items()}
+
+
+def fullgraph_autocast_state_lacks() -> Optional[str]:
+    """Why dynamo cannot trace reading the autocast state in one graph here (None: it can).
+
+    Older dynamo stops at ``torch.get_autocast_cpu_dtype()`` ("torch.* op returned
+    non-Tensor dtype"); a module that asks which dtype autocast runs in then breaks
+    the graph.
+    """
+    try:
+        import torch._dynamo
+
+        def read(x):
+            with torch.autocast('cpu', dtype=BF16):
+                return x.to(_torch.autocast_state('cpu')[1] or F32)
+
+        torch.compile(read, fullgraph=True, backend='eager')(torch.ones(1))
+    except Exception as err:  # noqa: BLE001 - dynamo's reason, shown in the skip
+        return ('torch.compile(fullgraph=True) cannot trace reading the autocast state '
+                f'here: {str(err).splitlines()[0][:120]}')
+    finally:
+        torch._dynamo.reset()
+    return None

@@ -91,7 +91,7 @@ def test_scale_multiplies_loss():
     ({'init_scale': '512'}, 'init_scale'),
     ({'init_scale': True}, 'init_scale'),
     ({'scale_factor': 0}, 'scale_factor'),
-    ({'scale_factor': 1.0}, 'scale_factor'),
+    ({'scale_factor': 0.99}, 'scale_factor'),
     ({'scale_factor': 0.5}, 'scale_factor'),
     ({'scale_window': 0}, 'scale_window'),
     ({'scale_window': 1.5}, 'scale_window'),
@@ -107,6 +107,22 @@ def test_constructor_validation(kwargs, name):
 def test_static_mode_accepts_factor_one():
     s = LossScaler(init_scale=512., mode='static', scale_factor=1.0)
     assert s.loss_scale == 512.0
+
+
+@pytest.mark.parametrize('factor', [1, 1.0])
+def test_dynamic_factor_one_keeps_the_scale_and_still_counts_overflows(factor):
+    """mmcv takes ``scale_factor=1``: the scale never moves, overflows are still recorded."""
+    s = LossScaler(init_scale=8., mode='dynamic', scale_factor=factor, scale_window=1)
+    for overflow in (True, False, False, True, False):
+        s.update_scale(overflow)
+        assert s.loss_scale == 8.0
+    assert (s.cur_iter, s.last_overflow_iter) == (5, 3)
+    twin = LossScaler()
+    twin.load_state_dict(s.state_dict())  # its own state loads back
+    assert twin.state_dict() == s.state_dict() and twin.scale_factor == 1.0
+    with pytest.raises(ValueError, match='scale_factor'):  # below 1 is still refused
+        twin.load_state_dict(dict(s.state_dict(), scale_factor=0.5))
+    assert twin.state_dict() == s.state_dict()
 
 
 # --------------------------------------------------------------------------- update rule

@@ -19,7 +19,7 @@ from typing import Any, Callable, ContextManager
 import torch
 
 from . import versions as _versions
-from .probes import _cached_probe, _probe_cache, device_present
+from .probes import _cached_probe, device_present, known_answer
 from .tracing import is_compiling as _is_compiling
 from .tracing import is_scripting as _is_scripting
 from .tracing import torch_function_mode_active as _torch_function_mode
@@ -134,7 +134,7 @@ def autocast_supports(device_type: str, dtype: torch.dtype) -> bool:
         >>> autocast_supports('cpu', torch.bfloat16)
         True
     """
-    ok = _probe_cache.get(('autocast', device_type, dtype))  # the per-call fast path
+    ok = known_answer('autocast', device_type, dtype)  # the per-call fast path
     if ok is not None:
         return ok
 
@@ -189,7 +189,7 @@ def autocast_for(device_type: str, dtype: torch.dtype | None = None,
             return torch.cuda.amp.autocast(enabled=enabled)
         return contextlib.nullcontext()
     if dtype is not None:
-        ok = _probe_cache.get(('autocast', device_type, dtype))
+        ok = known_answer('autocast', device_type, dtype)
         if ok is None and not _is_compiling():  # in a trace, torch.autocast decides
             ok = autocast_supports(device_type, dtype)
         if ok is False:

@@ -12,7 +12,7 @@ Example:
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -22,6 +22,16 @@ __all__ = ['device_present']
 
 #: (kind, device type, dtype or class) -> what the probe answered. Tests fill it in.
 _probe_cache: dict[tuple[str, str, Any], bool] = {}
+
+
+def known_answer(kind: str, device_type: str, dtype: Any) -> Optional[bool]:
+    """What the probe of this key answered, or None when it has not run.
+
+    The other modules read the cache only through here: torch 2.4's dynamo fails
+    (``DictGuardManager does not support a leaf_guard``) when one trace reaches one
+    dict through two modules' globals.
+    """
+    return _probe_cache.get((kind, device_type, dtype))
 
 
 def _cached_probe(kind: str, device_type: str, dtype: Any,

@@ -23,7 +23,7 @@ import torch
 
 from .autocast import autocast_supports
 from .dtypes import _LOW_PRECISION
-from .probes import _probe_cache
+from .probes import known_answer
 from .versions import _decide_default, forget, has_native_amp
 
 __all__ = ['decide', 'decided', 'refresh', 'warm_at_import', 'warm_device']
@@ -70,7 +70,7 @@ def decided(device_type: str, dtype: torch.dtype) -> bool:
         >>> decided('cpu', torch.float16)
         True
     """
-    return ('autocast', device_type, dtype) in _probe_cache
+    return known_answer('autocast', device_type, dtype) is not None
 
 
 def warm_device(device_type: str) -> None:

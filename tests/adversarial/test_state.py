@@ -467,7 +467,7 @@ def test_the_handed_out_grad_scaler_still_pickles_and_deep_copies():
     (dict(init_scale=0), 'init_scale'), (dict(init_scale=-1), 'init_scale'),
     (dict(init_scale=True), 'init_scale'), (dict(init_scale=1e308), 'init_scale'),
     (dict(init_scale='8'), 'init_scale'), (dict(mode='bogus'), 'mode'),
-    (dict(scale_factor=1), 'scale_factor'), (dict(scale_factor=INF), 'scale_factor'),
+    (dict(scale_factor=0.5), 'scale_factor'), (dict(scale_factor=INF), 'scale_factor'),
     (dict(scale_window=0), 'scale_window'), (dict(scale_window=2.5), 'scale_window'),
     (dict(scale_window=True), 'scale_window'),
 ])
@@ -480,7 +480,8 @@ def test_loss_scaler_refuses_bad_arguments_naming_them(kwargs, name):
     ('cur_scale', INF, ValueError), ('cur_scale', NAN, ValueError), ('cur_scale', 0, ValueError),
     ('cur_scale', -1.0, ValueError), ('cur_scale', True, ValueError),
     ('cur_scale', '1', ValueError), ('cur_scale', 1e308, ValueError),
-    ('mode', 'bogus', ValueError), ('scale_factor', 1.0, ValueError),
+    ('mode', 'bogus', ValueError), ('scale_factor', 0.5, ValueError),
+    ('scale_factor', True, ValueError),
     ('scale_window', 0, ValueError), ('scale_window', -1, ValueError),
     ('scale_window', 1.5, ValueError), ('cur_iter', -1, ValueError),
     ('cur_iter', 2.0, ValueError), ('last_overflow_iter', 11, ValueError),

@@ -42,7 +42,7 @@ from torch import nn  # noqa: E402
 import fp16utils  # noqa: E402
 
 INIT = [1, 3.0, 512, 2.0**16, 2**32, 2.0**40]
-FACTOR = [1.5, 2.0, 2, 3.0, 4.0]
+FACTOR = [1, 1.5, 2.0, 2, 3.0, 4.0]  # 1: a dynamic scale that never moves
 WINDOW = [1, 2, 3, 7, 1000]
 MODES = ['dynamic', 'static']
 
@@ -180,6 +180,16 @@ def test_difference_finite_gradients_whose_float32_sum_overflows_are_no_overflow
     assert ours.has_overflow(params[1:]) is False
 
 
+@compares('LossScaler.update_scale', ['dynamic scale_factor=1: a scale that never moves'])
+def test_a_dynamic_factor_of_one_is_taken_and_keeps_the_scale_as_mmcvs():
+    theirs, ours = pair(512.0, 'dynamic', 1, 2)
+    run_alike(theirs, ours, [True, False, False, True, False, False, False])
+    assert ours.loss_scale == theirs.loss_scale == 512.0
+    twin = fp16utils.LossScaler()
+    twin.load_state_dict(theirs.state_dict())  # mmcv's state with the factor 1 loads
+    assert twin.state_dict() == theirs.state_dict()
+
+
 @compares('LossScaler.update_scale', ['difference: growth past 2**127'])
 def test_difference_the_scale_stops_at_2_to_the_127():
     theirs, ours = pair(2.0**126, 'dynamic', 2.0, 1)
@@ -210,7 +220,7 @@ def test_difference_numbers_are_kept_as_floats():
     assert ours.state_dict() == theirs.state_dict()  # equal values
 
 
-REFUSED_ARGS = [dict(scale_factor=1.0), dict(scale_factor=0.5), dict(scale_window=0),
+REFUSED_ARGS = [dict(scale_factor=0.5), dict(scale_factor=0), dict(scale_window=0),
                 dict(init_scale=0), dict(init_scale=-4.0), dict(init_scale=math.inf)]
 shapes('LossScaler', [f'difference: {kwargs}' for kwargs in REFUSED_ARGS])
 
