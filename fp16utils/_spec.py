@@ -24,6 +24,7 @@ from ._limits import (  # the scale's floor, ceiling and steps live there; named
     MIN_LOSS_SCALE,
     SCALE_RANGE,
     grow_scale,
+    real_number,
     shrink_scale,
     usable_scale,
 )
@@ -63,13 +64,14 @@ def is_number(value: Any) -> bool:
 
 
 def positive_finite(value: Any) -> bool:
-    """Whether ``value`` is a finite number > 0.
+    """Whether ``value`` is a finite number > 0 (a numpy scalar too, as mmcv takes it).
 
     Example:
         >>> positive_finite(0.5), positive_finite(0), positive_finite(float('inf'))
         (True, False, False)
     """
-    return is_number(value) and math.isfinite(value) and value > 0
+    number = real_number(value)
+    return number is not None and math.isfinite(number) and number > 0
 
 
 def is_positive_int(value: Any) -> bool:

@@ -5,6 +5,7 @@ import math
 import random
 import threading
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -107,6 +108,19 @@ def test_constructor_validation(kwargs, name):
 def test_static_mode_accepts_factor_one():
     s = LossScaler(init_scale=512., mode='static', scale_factor=1.0)
     assert s.loss_scale == 512.0
+
+
+@pytest.mark.parametrize('factor', [np.float32(2.0), np.int64(2), torch.tensor(2.0)],
+                         ids=['np.float32', 'np.int64', 'tensor'])
+def test_a_numpy_or_tensor_factor_is_taken_as_mmcv_takes_it(factor):
+    s, ref = LossScaler(init_scale=8., scale_factor=factor, scale_window=1), LossScaler(
+        init_scale=8., scale_factor=2.0, scale_window=1)
+    for overflow in (False, True, False):
+        s.update_scale(overflow)
+        ref.update_scale(overflow)
+    assert s.state_dict() == ref.state_dict() and type(s.scale_factor) is float
+    s.load_state_dict(dict(ref.state_dict(), scale_factor=factor))
+    assert s.state_dict() == ref.state_dict() and type(s.scale_factor) is float
 
 
 @pytest.mark.parametrize('factor', [1, 1.0])
