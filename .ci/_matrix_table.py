@@ -9,7 +9,8 @@ may be concatenated in one file). A run ends with its summary line,
     compat-result: VERSION PASSED SKIPPED FAILED ERRORS [NOTE]
 
 and the ``SKIPPED [N] path:line: reason`` lines of pytest's ``-ra`` report before it
-belong to that run: the reasons are summed per text, most frequent first. The table
+belong to that run: the reasons are summed per text (a leading ``FILE:LINE:`` left
+out), most frequent first. The table
 goes to stdout, or with ``--write PAGE`` replaces what stands between the two marker
 comments of PAGE (BEGIN and END below), the rest of the page kept as it is.
 """
@@ -29,6 +30,7 @@ HEADER = ('| torch | passed | skipped | failed | errors | skipped because (tests
 
 _RESULT = re.compile(r'^compat-result: (?P<fields>.*)$')
 _SKIPPED = re.compile(r'^SKIPPED \[(?P<count>\d+)\] \S+?:(?:\d+:)? (?P<reason>.+)$')
+_WHERE = re.compile(r'^[\w./-]+:\d+: ')
 
 
 class Row(NamedTuple):
@@ -51,7 +53,8 @@ def parse(lines: Iterable[str]) -> List[Row]:
         line = raw.rstrip('\n')
         skipped = _SKIPPED.match(line)
         if skipped:
-            reason = skipped.group('reason').strip()
+            # A reason that starts by naming where (README.md:18: ...) counts as one.
+            reason = _WHERE.sub('', skipped.group('reason').strip())
             reasons[reason] = reasons.get(reason, 0) + int(skipped.group('count'))
             continue
         result = _RESULT.match(line)

@@ -66,6 +66,18 @@ def test_the_skips_before_a_result_are_that_runs_summed_per_reason():
         'no torch.\\_foreach\\_copy\\_ &lt;x> \\*a\\* \\`b\\` \\[c\\]')
 
 
+def test_reasons_that_only_name_another_place_count_as_one():
+    log = textwrap.dedent('''\
+        SKIPPED [1] tests/test_docs_blocks.py:228: README.md:18: only installs or changes folders
+        SKIPPED [2] tests/test_docs_blocks.py:228: d/i.md:15: only installs or changes folders
+        SKIPPED [1] tests/test_a.py:3: torch.compile does not run here: No module named 'x'
+        compat-result: 2.13.0 5 4 0 0
+        ''')
+    row, = M.parse(log.splitlines())
+    assert row.reasons == {'only installs or changes folders': 3,
+                           "torch.compile does not run here: No module named 'x'": 1}
+
+
 def test_a_run_without_its_tests_shows_its_note_and_a_rerun_replaces_a_row():
     rows = M.parse((RUN_REPLACED + RUN_113 + 'compat-result: 2.0.1 5 0 0 0\n').splitlines())
     assert [r.version for r in rows] == ['1.13.1', '2.0.1']
