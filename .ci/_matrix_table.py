@@ -10,9 +10,9 @@ may be concatenated in one file). A run ends with its summary line,
 
 and the ``SKIPPED [N] path:line: reason`` lines of pytest's ``-ra`` report before it
 belong to that run: the reasons are summed per text (a leading ``FILE:LINE:`` left
-out), most frequent first. The table
-goes to stdout, or with ``--write PAGE`` replaces what stands between the two marker
-comments of PAGE (BEGIN and END below), the rest of the page kept as it is.
+out), most frequent first. The table goes to stdout, or with ``--write PAGE`` replaces
+what stands between the two marker comments of PAGE (BEGIN and END below), the rest of
+the page kept as it is.
 """
 
 from __future__ import annotations

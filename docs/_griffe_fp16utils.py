@@ -102,14 +102,16 @@ if griffe is not None:
         def __init__(self) -> None:
             super().__init__()
             self.targets = documented()
+            self.shown: Dict[Any, Optional[str]] = {}  # (file, sentinel) -> its repr
 
         def on_function_instance(self, *, func: Any, **kwargs: Any) -> None:
             for parameter in func.parameters:
                 if re.fullmatch(r'_\w+', str(parameter.default)):
-                    path = func.module.filepath
-                    shown = sentinel_repr(Path(path).read_text(), str(parameter.default))
-                    if shown is not None:
-                        parameter.default = shown
+                    key = (func.module.filepath, str(parameter.default))
+                    if key not in self.shown:  # each module read and parsed once
+                        self.shown[key] = sentinel_repr(Path(key[0]).read_text(), key[1])
+                    if self.shown[key] is not None:
+                        parameter.default = self.shown[key]
 
         def on_instance(self, *, obj: Any, **kwargs: Any) -> None:
             docstring = getattr(obj, 'docstring', None)

@@ -340,7 +340,7 @@ def check_scaler_state(state: Any, owner: str, *, unit_factor: bool = False) -> 
     if mode not in ('dynamic', 'static'):
         raise _state_error(owner, 'mode', mode, "'dynamic' or 'static'")
     factor = state['scale_factor']
-    if mode == 'dynamic' and not (unit_factor and factor == 1 and positive_finite(factor)):
+    if mode == 'dynamic' and not (unit_factor and real_number(factor) == 1):
         _check_factor(state, 'scale_factor', owner, True)
     elif not positive_finite(factor):
         raise _state_error(owner, 'scale_factor', factor, 'a finite number > 0')

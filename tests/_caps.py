@@ -140,11 +140,14 @@ def fullgraph_autocast_state_lacks() -> Optional[str]:
     """
     try:
         import torch._dynamo
+    except ImportError as err:
+        return f'torch.compile does not run here: {err}'
 
-        def read(x):
-            with torch.autocast('cpu', dtype=BF16):
-                return x.to(_torch.autocast_state('cpu')[1] or F32)
+    def read(x):
+        with torch.autocast('cpu', dtype=BF16):
+            return x.to(_torch.autocast_state('cpu')[1] or F32)
 
+    try:
         torch.compile(read, fullgraph=True, backend='eager')(torch.ones(1))
     except Exception as err:  # noqa: BLE001 - dynamo's reason, shown in the skip
         return ('torch.compile(fullgraph=True) cannot trace reading the autocast state '
@@ -152,3 +155,4 @@ def fullgraph_autocast_state_lacks() -> Optional[str]:
     finally:
         torch._dynamo.reset()
     return None
+
