@@ -25,6 +25,8 @@ import types
 import zipfile
 from typing import Sequence
 
+from ._keys import UnknownKeyError
+
 __all__ = ['run_script']
 
 
@@ -37,7 +39,8 @@ def run_script(script: str, argv: Sequence[str]) -> int:
     a link sees the modules beside its target, not those beside the link, as
     with ``python``). ``sys.exit(code)`` gives ``code`` (a message is printed
     and gives 1); an exception prints its traceback from the script's frame on
-    and gives 1.
+    and gives 1, except an :class:`~fp16utils._keys.UnknownKeyError` (a
+    misspelt config key), which is one line.
     """
     path = script if os.path.isabs(script) else os.path.join(os.getcwd(), script)
     folder = os.path.dirname(os.path.realpath(script))
@@ -56,6 +59,9 @@ def run_script(script: str, argv: Sequence[str]) -> int:
         if stop.code is None or isinstance(stop.code, int):
             return stop.code or 0
         sys.stderr.write(f'{stop.code}\n')
+        return 1
+    except UnknownKeyError as err:  # a misspelt config key: the one line that names it
+        sys.stderr.write(f'fp16utils: error: {err}\n')
         return 1
     except Exception as err:  # noqa: BLE001 - reported as Python reports it
         tb = err.__traceback__

@@ -11,7 +11,6 @@ Example:
 from __future__ import annotations
 
 import collections
-import warnings
 from collections import abc
 from typing import Any, Callable, Collection, Optional
 
@@ -93,8 +92,9 @@ class _To:
 #: more than any real input; well inside Python's recursion limit).
 MAX_DEPTH = 100
 
-# Container types already warned about: rebuilt from their items, they raised.
-_warned_types: set = set()
+# Container types rebuilt without a check: their constructors are known to keep the items.
+_KNOWN = frozenset({dict, list, tuple, set, frozenset, collections.OrderedDict,
+                    collections.defaultdict, collections.deque})
 
 
 class _Walk:
@@ -156,21 +156,48 @@ def _cast(obj: Any, src: Collection[torch.dtype], dst: torch.dtype,
     return out
 
 
-def _rebuilt(obj: Any, build: Callable[[], Any]) -> Any:
-    """``build()``, or ``obj`` itself (with a warning, once per type) when it raises TypeError."""
+def _rebuilt(obj: Any, build: Callable[[], Any], src: Optional[Collection[torch.dtype]]) -> Any:
+    """``build()``; a TypeError naming the class when it raises or loses the cast tensors.
+
+    mmcv rebuilds a container as ``type(obj)(items)`` too (and raises the
+    constructor's error); an unknown class whose rebuilt object still holds a tensor
+    of a ``src`` dtype is refused as well, so no tensor is left uncast silently
+    (``src`` None: a namedtuple, rebuilt from its fields without that check).
+    """
+    cls = type(obj)
     try:
-        return build()
+        out = build()
     except TypeError as err:
-        cls = type(obj)
-        if cls not in _warned_types:
-            _warned_types.add(cls)
-            warnings.warn(
-                f'cast_tensor_type(): {cls.__module__}.{cls.__qualname__} cannot be '
-                f'rebuilt from its items ({err}), so its tensors are left uncast, as '
-                "mmcv's cast_tensor_type leaves them. Give the class a constructor "
-                'that takes an iterable (a mapping: a dict), or pass a list or dict. '
-                'Warned once per class.', UserWarning, stacklevel=2)
-        return obj
+        why = f'its constructor refused the cast items ({err})'
+    else:
+        if src is None or cls in _KNOWN or type(out) is cls and not _holds(out, src):
+            return out
+        why = ('the object it built still holds tensors to cast' if type(out) is cls
+               else f'its constructor built a {type(out).__name__}')
+    how = ('a dict of the items' if isinstance(obj, abc.Mapping)
+           else 'the list of the items')
+    raise TypeError(
+        f'cast_tensor_type() cannot rebuild a {cls.__module__}.{cls.__qualname__} with its '
+        f'tensors cast: {why}; nothing was cast. Containers are rebuilt as mmcv does, '
+        f'{cls.__name__}({how}): give the class a constructor that takes that, or pass a '
+        f'dict or list instead.') from None
+
+
+def _holds(obj: Any, src: Collection[torch.dtype]) -> bool:
+    """Whether a tensor of a ``src`` dtype is inside ``obj`` (containers walked, once each)."""
+    todo, seen = [obj], set()
+    while todo:
+        item = todo.pop()
+        if isinstance(item, _Tensor):
+            if item.dtype in src:
+                return True
+        elif not isinstance(item, _ATOMS) and id(item) not in seen:
+            seen.add(id(item))
+            if isinstance(item, abc.Mapping):
+                todo.extend(item.values())
+            elif isinstance(item, (abc.Sequence, abc.Set, collections.deque)):
+                todo.extend(item)
+    return False
 
 
 def _cast_mapping(obj: abc.Mapping, src: Collection[torch.dtype], dst: torch.dtype,
@@ -185,7 +212,7 @@ def _cast_mapping(obj: abc.Mapping, src: Collection[torch.dtype], dst: torch.dty
         return out
     # Built from a dict, as mmcv does (MappingProxyType and Mapping classes that wrap
     # the object they are given need one, not a list of pairs).
-    return _rebuilt(obj, lambda: type(obj)(dict(pairs)))
+    return _rebuilt(obj, lambda: type(obj)(dict(pairs)), src)
 
 
 def _cast_collection(obj: Any, src: Collection[torch.dtype], dst: torch.dtype,
@@ -200,10 +227,10 @@ def _cast_collection(obj: Any, src: Collection[torch.dtype], dst: torch.dtype,
     if cls is tuple:
         return tuple(new)
     if isinstance(obj, tuple) and hasattr(obj, '_fields'):  # namedtuple
-        return _rebuilt(obj, lambda: cls(*new))
+        return _rebuilt(obj, lambda: cls(*new), None)  # fields kept by position
     if isinstance(obj, collections.deque):
-        return _rebuilt(obj, lambda: cls(new, obj.maxlen))
-    return _rebuilt(obj, lambda: cls(new))
+        return _rebuilt(obj, lambda: cls(new, obj.maxlen), src)
+    return _rebuilt(obj, lambda: cls(new), src)
 
 
 def cast_tensor_type(inputs: Any, src_type: Any = None, dst_type: Any = None) -> Any:
@@ -228,10 +255,10 @@ def cast_tensor_type(inputs: Any, src_type: Any = None, dst_type: Any = None) ->
     A container that holds itself (a cycle) comes back as the very same
     object when nothing inside it needs casting; when something does, it is a
     ValueError (a copy cannot keep the cycle), as is nesting deeper than
-    :data:`MAX_DEPTH` containers. A container type that cannot be rebuilt from
-    its items (its constructor refuses a list, or a dict for a mapping) comes
-    back uncast, with a warning once per class (mmcv's raises the constructor's
-    TypeError).
+    :data:`MAX_DEPTH` containers. A container that must be rebuilt but cannot
+    be (its constructor refuses the list of its items, or a dict for a
+    mapping, as mmcv's does; or the object it builds still holds tensors to
+    cast) is a TypeError naming its class: no tensor is left uncast silently.
 
     Args:
         inputs: Anything: a tensor, a container of tensors, or another object.
@@ -246,6 +273,7 @@ def cast_tensor_type(inputs: Any, src_type: Any = None, dst_type: Any = None) ->
         TypeError: A tensor of ``src_type`` is to be converted and
             ``Tensor.to`` refuses ``dst_type`` (a class such as ``str``, the
             name ``'float16'`` instead of ``torch.float16``); nothing is cast.
+            Also a container holding such a tensor that cannot be rebuilt.
         ValueError: A cycle holding tensors to cast, or nesting deeper than
             :data:`MAX_DEPTH`; nothing is cast.
 

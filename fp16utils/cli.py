@@ -28,6 +28,7 @@ from ._script import run_script
 from .migrate._atomic import atomic_write, resolve_target
 from .migrate.config_files import format_config, load_config
 from .migrate.errors import CommandError, UsageError
+from .migrate.errors import shown_path as _shown
 
 __all__ = ['main']
 
@@ -38,6 +39,11 @@ class _Parser(argparse.ArgumentParser):
     """An argument parser whose errors are one line, exit code 2."""
 
     def error(self, message: str) -> NoReturn:
+        required = 'the following arguments are required: '
+        if message.startswith(required):  # argparse lists the optional ARGS... there too
+            optional = {a.metavar for a in self._actions if a.nargs == argparse.REMAINDER}
+            names = [n for n in message[len(required):].split(', ') if n not in optional]
+            message = required + ', '.join(names)
         raise UsageError(f'{message} (see {self.prog} --help)')
 
 
@@ -192,15 +198,14 @@ def _check_output(config: str, output: str) -> None:
                          'config to a new file (or - for stdout) and keep the 0.x one')
 
 
-def _shown(path: str) -> str:
-    """``path`` printable on any terminal (undecodable bytes as U+FFFD)."""
-    text = os.fspath(path)
+def _prose(text: str) -> str:
+    """``text`` printable on any terminal (undecodable bytes as U+FFFD)."""
     return text.encode('utf-8', 'surrogateescape').decode('utf-8', 'replace')
 
 
 def _one_line(message: object) -> str:
     """A message on one line (an exception's own newlines folded into spaces)."""
-    return _shown(' '.join(str(message).split()))
+    return _prose(' '.join(str(message).split()))
 
 
 # -------------------------------------------------------------------- scan
@@ -227,33 +232,35 @@ def cmd_scan(args: argparse.Namespace, out: TextIO) -> int:
     if args.dry_run and not args.fix:
         args.fix = True  # --dry-run alone: what --fix would do
     if args.fix:
-        changes = [replace(c, path=_shown(c.path)) for c in fix_imports(path, dry_run=args.dry_run)]
+        # JSON keeps each path as the file system gives it (an undecodable byte as a
+        # surrogate escape, which json writes as \\udcXX and reads back); text shows it
+        # in a form that pastes into a shell (_shown).
+        changes = fix_imports(path, dry_run=args.dry_run)
         changed = [c for c in changes if c.changed]
         failed = [c for c in changes if c.error]
         for change in failed:
-            sys.stderr.write(f'{PROG}: error: {change.path}: {_one_line(change.error)}\n')
+            sys.stderr.write(f'{PROG}: error: {_shown(change.path)}: {_one_line(change.error)}\n')
         if args.json:
             json.dump([asdict(c) for c in changes if c.changed or c.error], out, indent=2)
             out.write('\n')
         elif args.dry_run:
             for change in changed:
-                out.write(change.diff)
+                out.write(_prose(change.diff))
         else:
             for change in changed:
-                out.write(f'fixed imports in {change.path}\n')
+                out.write(f'fixed imports in {_shown(change.path)}\n')
         if not args.json:
             verb = 'would change' if args.dry_run else 'changed'
             skipped = f', skipped {len(failed)} that could not be read or written' if failed else ''
             out.write(f'{verb} {len(changed)} file(s){skipped}\n')
         return 1 if failed else 0
-    findings = [replace(f, path=_shown(f.path), message=_one_line(f.message))
-                for f in scan(path)]
+    findings = [replace(f, message=_one_line(f.message)) for f in scan(path)]
     if args.json:
         json.dump([asdict(f) for f in findings], out, indent=2)
         out.write('\n')
     else:
         for f in findings:
-            out.write(f'{f.path}:{f.line}:{f.col}: {f.kind}: {f.message}\n'
+            out.write(f'{_shown(f.path)}:{f.line}:{f.col}: {f.kind}: {f.message}\n'
                       f'    -> {f.suggestion}\n')
         files = len({f.path for f in findings})
         unread = sum(f.kind == 'unreadable' for f in findings)
@@ -400,13 +407,14 @@ def build_parser() -> argparse.ArgumentParser:
                      help='default backend (default: native on torch >= 1.6)')
     run.add_argument('script', metavar='SCRIPT', help='the Python script to run')
     run.add_argument('args', metavar='ARGS', nargs=argparse.REMAINDER,
-                     help="the script's own arguments")
+                     help="the script's own arguments, optional")
     run.set_defaults(func=cmd_run)
 
     bench = command('bench')
     bench.add_argument('name', metavar='NAME', help='the benchmark: decorators or train_step')
     bench.add_argument('rest', metavar='ARGS', nargs=argparse.REMAINDER,
-                       help="the benchmark's own arguments (see: fp16utils bench NAME --help)")
+                       help="the benchmark's own arguments, optional (see: fp16utils bench "
+                            'NAME --help)')
     bench.set_defaults(func=cmd_bench)
     return parser
 

@@ -118,7 +118,8 @@ def _describe_tensor(t: torch.Tensor, **fields: Any) -> NonFiniteRecord:
         if values.is_complex():  # judged on the real and imaginary parts
             values = torch.view_as_real(values)
         finite = torch.isfinite(values)
-        mag = values.abs().float()
+        # float32 at least (half has no exact max for every reduction), float64 kept.
+        mag = values.abs().to(torch.promote_types(values.dtype, torch.float32))
         # Only called for tensors holding a non-finite value, so numel > 0.
         max_abs = torch.where(finite, mag, torch.zeros_like(mag)).amax()
         num_inf, num_nan, any_finite = torch.stack([

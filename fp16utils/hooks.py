@@ -52,6 +52,7 @@ import torch
 from torch import nn
 
 from . import _torch
+from ._keys import FP16_HOOK_ARGS, UnknownKeyError, unknown_keys_message
 from ._spec import (
     MMCV_DYNAMIC,
     TORCH_DYNAMIC,
@@ -140,6 +141,11 @@ class Fp16OptimizerHook(Driven, OptimizerHookApi):
             size is > 1), True, False or a process group; see
             :class:`~fp16utils.optim.AmpOptimWrapper`.
 
+    Raises:
+        UnknownKeyError: (a TypeError) for a keyword argument it does not take,
+            naming it, the closest accepted one and all of them.
+        ValueError: A value out of range (see each argument).
+
     What mmcv's hooks give their subclasses is here too, with mmcv's meaning
     (:class:`~fp16utils.hook_api.OptimizerHookApi`): ``clip_grads``,
     ``loss_scaler``, ``_scale_update_param``, ``copy_grads_to_fp32``, ...
@@ -159,16 +165,23 @@ class Fp16OptimizerHook(Driven, OptimizerHookApi):
         512.0
     """
 
+    #: The keyword arguments taken; another is an UnknownKeyError naming the closest.
+    _ACCEPTED = FP16_HOOK_ARGS
+
     def __init__(self, grad_clip: Optional[Mapping[str, Any]] = None, coalesce: bool = True,
                  bucket_size_mb: float = -1,
                  loss_scale: Union[str, float, Mapping[str, Any]] = 512.,
                  distributed: bool = True, *, dtype: Union[torch.dtype, str, None] = None,
                  backend: Optional[str] = None, nonfinite: str = 'warn',
                  overflow_guard: Optional[Mapping[str, Any]] = None,
-                 agree_across_ranks: Any = None) -> None:
+                 agree_across_ranks: Any = None, **unknown: Any) -> None:
         follow_mmcv()
         self._set_up = True  # see OptimizerHookApi.__getattr__
         owner = type(self).__name__
+        if unknown:  # a misspelt config key (fp16=dict(loss_scal=...)): name it, one line
+            raise UnknownKeyError(
+                unknown_keys_message(owner, unknown, self._ACCEPTED)
+                + ' (from the config: fp16=dict(...) or optimizer_config=dict(...))')
         self.nonfinite = check_nonfinite_policy(nonfinite, owner)
         self._driver = StepDriver(owner, AccumulationWindow(1, owner, 'cumulative_iters'),
                                   guard=OverflowGuard.parse(overflow_guard, owner))
@@ -385,6 +398,8 @@ class GradientCumulativeFp16OptimizerHook(CumulativeHookApi, Fp16OptimizerHook):
         >>> hook.cumulative_iters
         4
     """
+
+    _ACCEPTED = ('cumulative_iters', *FP16_HOOK_ARGS)
 
     def __init__(self, cumulative_iters: int = 1, **kwargs: Any) -> None:
         window = AccumulationWindow(cumulative_iters, type(self).__name__, 'cumulative_iters')

@@ -513,3 +513,42 @@ def test_migrate_dtype_without_amp_is_a_usage_error():
     proc = call('migrate', str(FIXTURES / 'configs' / 'plain_sgd.py'), '--dtype', 'bfloat16')
     assert proc.returncode == 2
     assert_one_line_error(proc, '--dtype', '--amp')
+
+
+# ------------------------------------------------------------ option pairs, misspelt keys
+
+
+def test_migrate_amp_with_plugin_writes_the_plugin_amp_wrapper(tmp_path):
+    cfg = tmp_path / 'cfg.py'
+    cfg.write_text("optimizer = dict(type='SGD', lr=0.01)\noptimizer_config = dict()\n")
+    proc = call('migrate', str(cfg), '--amp', '--plugin', '--dtype', 'bfloat16')
+    assert proc.returncode == 0, proc.stderr
+    ns: dict = {}
+    exec(proc.stdout, ns)  # noqa: S102 - the text under test
+    assert ns['optim_wrapper']['type'] == 'Fp16utilsAmpOptimWrapper'
+    assert ns['optim_wrapper']['dtype'] == 'bfloat16'
+    assert ns['custom_imports']['imports'] == ['fp16utils.mmengine']
+
+
+def test_run_reports_a_misspelt_fp16_key_in_one_line(tmp_path, capsys):
+    from fp16utils._script import run_script
+
+    script = tmp_path / 'train.py'
+    script.write_text(textwrap.dedent('''
+        from fp16utils import Fp16OptimizerHook
+        fp16 = dict(loss_scal=512.)
+        Fp16OptimizerHook(grad_clip=None, **fp16)
+    '''))
+    assert run_script(str(script), []) == 1
+    err = capsys.readouterr().err
+    assert 'Traceback' not in err and err.count('\n') == 1, err
+    assert err.startswith("fp16utils: error: Fp16OptimizerHook got the unknown key "
+                          "'loss_scal' (did you mean 'loss_scale'?)")
+
+
+@pytest.mark.parametrize('command, needed', [('bench', 'NAME'), ('run', 'SCRIPT')])
+def test_a_missing_argument_error_does_not_list_the_optional_args(command, needed):
+    proc = call(command)
+    assert proc.returncode == 2
+    assert proc.stderr == (f'fp16utils: error: the following arguments are required: {needed} '
+                           f'(see fp16utils {command} --help)\n')

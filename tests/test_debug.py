@@ -442,3 +442,11 @@ def test_public_api():
                  'nonfinite_summary'):
         assert name in fp16utils.__all__
     assert fp16utils.__all__ == sorted(fp16utils.__all__)
+
+
+def test_nonfinite_summary_reads_a_float64_magnitude_beyond_float32_exactly():
+    (record,) = nonfinite_summary(torch.tensor([1e300, -3.0, float('inf')],
+                                               dtype=torch.float64))
+    assert record.max_abs == 1e300 and record.num_inf == 1
+    (half,) = nonfinite_summary(torch.tensor([65504., float('nan')], dtype=torch.float16))
+    assert half.max_abs == 65504.0

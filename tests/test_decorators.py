@@ -1,5 +1,6 @@
 """Tests for auto_fp16 and force_fp32."""
 
+import contextlib
 import copy
 import inspect
 
@@ -1027,3 +1028,57 @@ def test_real_module_matches_float32(dtype, tol):
     assert amp.fc1.weight.grad.dtype == F32
     expected.sum().backward()
     assert torch.allclose(amp.fc2.weight.grad, ref.fc2.weight.grad, atol=5 * tol, rtol=5 * tol)
+
+
+# ------------------------------------------------------------- devices without autocast
+
+
+class _MetaHead(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fp16_enabled = True
+
+    @auto_fp16(apply_to=('x',))
+    def forward(self, x, *, y=None):
+        return x if y is None else (x, y)
+
+    @auto_fp16(out_fp32=True)
+    def out32(self, x):
+        return x * 2
+
+    @force_fp32(apply_to=('pred',))
+    def loss(self, pred):
+        return pred
+
+    @force_fp32(out_fp16=True)
+    def back16(self, pred):
+        return pred + 1
+
+
+@pytest.mark.parametrize('outer', [False, True], ids=['plain', 'under-cpu-autocast'])
+@pytest.mark.parametrize('dtype', _caps.LOW_DTYPES)
+def test_decorators_cast_meta_tensors_by_dtype_where_the_device_has_no_autocast(outer, dtype):
+    head = _MetaHead()
+    head.fp16_dtype = dtype
+    x = torch.empty(2, 3, device='meta')
+    ctx = torch.autocast('cpu', dtype=torch.bfloat16) if outer else contextlib.nullcontext()
+    before = _caps.autocast_now('cpu')
+    with ctx:
+        y = head(x)
+        pair = head(x, y=torch.empty(1, device='meta'))
+        assert (y.device.type, y.dtype, y.shape) == ('meta', dtype, (2, 3))
+        assert pair[0].dtype == dtype and pair[1].dtype == torch.float32  # y not in apply_to
+        assert head.out32(x).dtype == torch.float32
+        assert (head.loss(y).device.type, head.loss(y).dtype) == ('meta', torch.float32)
+        assert head.back16(y).dtype == dtype
+    assert _caps.autocast_now('cpu') == before  # nothing left switched on
+
+
+def test_autocast_available_says_meta_has_no_autocast():
+    from fp16utils._torch.autocast import autocast_available, autocast_for, autocast_state
+
+    assert autocast_available('cpu') and not autocast_available('meta')
+    assert autocast_state('meta') == (False, None)
+    before = autocast_state('cpu')
+    with autocast_for('meta', torch.float16):  # a context that changes nothing
+        assert autocast_state('cpu') == before

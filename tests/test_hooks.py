@@ -444,3 +444,16 @@ def test_before_run_twice_keeps_the_same_masters():
     assert runner.optimizer.param_groups[0]['params'] == masters
     assert all(m.dtype == torch.float32 for m in masters)
     assert "Fp16OptimizerHook(backend='legacy'" in repr(hook)
+
+
+@pytest.mark.parametrize('cls, extra', [(Fp16OptimizerHook, ''),
+                                        (GradientCumulativeFp16OptimizerHook, 'cumulative_iters')])
+def test_a_misspelt_hook_argument_is_one_type_error_naming_the_closest(cls, extra):
+    from fp16utils._keys import UnknownKeyError
+
+    with pytest.raises(UnknownKeyError) as info:
+        cls(loss_scal=512.)
+    text = str(info.value)
+    assert isinstance(info.value, TypeError) and '\n' not in text
+    assert f"{cls.__name__} got the unknown key 'loss_scal' (did you mean 'loss_scale'?)" in text
+    assert 'grad_clip' in text and extra in text

@@ -1237,3 +1237,64 @@ def test_loss_scale_translation_lives_in_its_module():
     new = convert_clean(dict(optimizer=dict(type='SGD', lr=0.1),
                              optimizer_config=dict(type='Fp16OptimizerHook')))
     assert new['optim_wrapper']['loss_scale'] == _loss_scale.MMCV_DEFAULT_LOSS_SCALE
+
+
+# ======================================================================================
+# enable_amp on the plug-in's names; misspelt fp16 keys
+# ======================================================================================
+
+
+@pytest.mark.parametrize('dtype', [None, 'bfloat16', 'auto'])
+def test_enable_amp_switches_the_plugin_wrapper_to_the_plugin_amp_wrapper(dtype):
+    cfg = convert_config(dict(optimizer=dict(type='SGD', lr=0.1)), plugin=True)
+    new = enable_amp(cfg, dtype)
+    wrapper = new['optim_wrapper']
+    assert wrapper['type'] == 'Fp16utilsAmpOptimWrapper'
+    assert wrapper['constructor'] == 'Fp16utilsOptimWrapperConstructor'
+    assert wrapper.get('dtype') == dtype
+    assert wrapper.get('loss_scale') == (None if dtype == 'bfloat16' else 'dynamic')
+    assert new['custom_imports'] == cfg['custom_imports']
+
+
+def test_enable_amp_keeps_a_plugin_config_that_already_trains_in_fp16():
+    cfg = convert_config(dict(optimizer=dict(type='SGD', lr=0.1), fp16=dict(loss_scale=512.)),
+                         plugin=True)
+    with pytest.warns(MigrationWarning, match="already an AmpOptimWrapper.*'bfloat16' not"):
+        new = enable_amp(cfg, 'bfloat16')
+    assert new == cfg and new['optim_wrapper']['loss_scale'] == 512.
+
+
+def test_enable_amp_on_plugin_gan_wrappers_switches_each_entry():
+    cfg = convert_config(dict(optimizer=dict(generator=dict(type='Adam', lr=1e-4),
+                                             discriminator=dict(type='Adam', lr=4e-4))),
+                         plugin=True)
+    new = enable_amp(cfg)
+    assert new['optim_wrapper']['constructor'] == 'Fp16utilsMultiOptimWrapperConstructor'
+    for name in ('generator', 'discriminator'):
+        assert new['optim_wrapper'][name]['type'] == 'Fp16utilsAmpOptimWrapper'
+
+
+def test_migrate_names_a_misspelt_fp16_key_and_the_closest_accepted_one():
+    cfg = dict(optimizer=dict(type='SGD', lr=0.1), fp16=dict(loss_scal=512.))
+    new, problems = convert_config_report(cfg)
+    assert len(problems) == 1
+    assert "fp16 got the unknown key 'loss_scal' (did you mean 'loss_scale'?)" in problems[0]
+    assert new['fp16'] == dict(loss_scal=512.)  # kept for the user to fix
+
+
+def test_scan_names_a_misspelt_fp16_key_instead_of_the_default_scale(tmp_path):
+    (tmp_path / 'cfg.py').write_text("fp16 = dict(loss_scal=512., grad_clip=None)\n")
+    (finding,) = scan(tmp_path)
+    assert finding.kind == 'config-fp16'
+    assert "unknown key 'loss_scal' (did you mean 'loss_scale'?)" in finding.message
+    assert 'default 512' not in finding.message and "'grad_clip'" not in finding.message
+
+
+def test_fp16_hook_args_list_is_the_hooks_signature():
+    import inspect
+
+    from fp16utils import Fp16OptimizerHook
+    from fp16utils._keys import FP16_HOOK_ARGS
+
+    params = inspect.signature(Fp16OptimizerHook).parameters
+    assert set(FP16_HOOK_ARGS) == {n for n, p in params.items() if p.kind != p.VAR_KEYWORD}

@@ -940,9 +940,10 @@ def test_autocast_follows_parameters_replaced_by_an_assigning_load():
     source = nn.Linear(4, 2)
     model = nn.Linear(4, 2).to('meta')
     wrapper = AmpOptimWrapper(torch.optim.SGD(source.parameters(), lr=0.1), dtype=low)
-    with pytest.raises(RuntimeError):  # torch has no autocast for 'meta'
-        with wrapper.optim_context(model):
-            pass
+    before = _caps.autocast_now('cpu')
+    with wrapper.optim_context(model):  # torch has no autocast for 'meta': none entered
+        assert _caps.autocast_now('cpu') == before
+        assert model(torch.ones(1, 4, device='meta')).device.type == 'meta'
     model.load_state_dict(source.state_dict(), assign=True)
     with wrapper.optim_context(model):
         out = model(torch.ones(1, 4))

@@ -178,7 +178,7 @@ def test_submodules_stay_reachable_as_attributes_and_unknown_names_fail():
 #: counts as that package), never from its own layer or a higher one. Not on disk yet
 #: is fine (engine, _spec, the integrations); on disk but not here fails the test.
 LAYERS: list[set[str]] = [
-    {'_limits', '_whole', '_weak'},
+    {'_limits', '_whole', '_weak', '_keys'},
     {'_torch', '_spec'},
     {'precision'},
     {'cast'},
@@ -243,7 +243,7 @@ def is_stdlib(module: str) -> bool:
 
 #: Modules below ``_spec`` that import the standard library only, as ``_spec`` does:
 #: ``_spec`` may import them and stay importable without torch.
-STDLIB_HELPERS = {'_limits', '_whole'}
+STDLIB_HELPERS = {'_limits', '_whole', '_keys'}
 
 
 def stdlib_only(name: str, path: Path, allowed: frozenset = frozenset()) -> bool:

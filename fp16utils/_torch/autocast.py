@@ -25,8 +25,8 @@ from .tracing import is_scripting as _is_scripting
 from .tracing import torch_function_mode_active as _torch_function_mode
 from .versions import _native_cache, has_native_amp
 
-__all__ = ['any_autocast_enabled', 'autocast_for', 'autocast_state', 'autocast_supports',
-           'call_autocast']
+__all__ = ['any_autocast_enabled', 'autocast_available', 'autocast_for', 'autocast_state',
+           'autocast_supports', 'call_autocast']
 
 # Feature flags (what the installed torch has, whatever TORCH_VERSION says). Tests patch them.
 _HAS_DEVICE_AUTOCAST = hasattr(torch, 'autocast')  # torch >= 1.10
@@ -61,8 +61,11 @@ def autocast_state(device_type: str) -> tuple[bool, torch.dtype | None]:
         (True, torch.bfloat16)
     """
     if _HAS_DEVICE_AUTOCAST_STATE:  # per-device state calls
-        return (torch.is_autocast_enabled(device_type),
-                torch.get_autocast_dtype(device_type))
+        try:
+            return (torch.is_autocast_enabled(device_type),
+                    torch.get_autocast_dtype(device_type))
+        except RuntimeError:  # a device type without autocast ('meta'): never on
+            return False, None
     if device_type == 'cuda':
         get_dtype = getattr(torch, 'get_autocast_gpu_dtype', None)
         return (torch.is_autocast_enabled(),
@@ -156,6 +159,26 @@ def autocast_supports(device_type: str, dtype: torch.dtype) -> bool:
     return _cached_probe('autocast', device_type, dtype, probe)
 
 
+def autocast_available(device_type: str) -> bool:
+    """Whether torch has autocast for this device type at all (tried once).
+
+    ``'meta'`` has none: tensors there are cast by dtype and run without autocast.
+
+    Example:
+        >>> autocast_available('cpu'), autocast_available('meta')
+        (True, False)
+    """
+    def probe() -> bool:
+        if not _HAS_DEVICE_AUTOCAST:
+            return device_type == 'cuda'
+        is_available = getattr(torch.amp, 'is_autocast_available', None)  # torch >= 2.4
+        if is_available is not None:
+            return bool(is_available(device_type))
+        torch.autocast(device_type=device_type, enabled=False)  # older torch raises
+        return True
+    return _cached_probe('autocast-device', device_type, None, probe)
+
+
 def autocast_for(device_type: str, dtype: torch.dtype | None = None,
                  enabled: bool = True, cache_enabled: bool | None = None
                  ) -> ContextManager[Any]:
@@ -188,6 +211,12 @@ def autocast_for(device_type: str, dtype: torch.dtype | None = None,
         if device_type == 'cuda':
             return torch.cuda.amp.autocast(enabled=enabled)
         return contextlib.nullcontext()
+    if device_type not in ('cpu', 'cuda'):
+        ok = known_answer('autocast-device', device_type, None)
+        if ok is None and not _is_compiling():
+            ok = autocast_available(device_type)
+        if ok is False:  # a device type without autocast ('meta'): nothing to switch
+            return contextlib.nullcontext()
     if dtype is not None:
         ok = known_answer('autocast', device_type, dtype)
         if ok is None and not _is_compiling():  # in a trace, torch.autocast decides
@@ -237,8 +266,11 @@ def call_autocast(device_type: str, dtype: torch.dtype | None, enabled: bool,
             or _is_scripting()):
         with autocast_for(device_type, dtype, enabled):
             return func(*args, **kwargs)
-    prev_enabled = _is_autocast_enabled(device_type)
-    prev_dtype = _get_autocast_dtype(device_type)
+    try:
+        prev_enabled = _is_autocast_enabled(device_type)
+        prev_dtype = _get_autocast_dtype(device_type)
+    except RuntimeError:  # a device type without autocast ('meta'): nothing to switch
+        return func(*args, **kwargs)
     if enabled and not autocast_supports(device_type, dtype or prev_dtype):
         enabled = False
     _set_autocast_enabled(device_type, enabled)

@@ -17,6 +17,7 @@ import copy
 from collections.abc import Mapping
 from typing import Any, Optional
 
+from .._keys import FP16_HOOK_ARGS, unknown_keys_message
 from .._spec import is_positive_int
 from ._loss_scale import MMCV_DEFAULT_LOSS_SCALE, convert_loss_scale
 
@@ -100,9 +101,17 @@ class ConfigConverter:
             )
             return False, _MISSING
         unknown = {k: v for k, v in fp16.items() if k != 'loss_scale'}
-        if unknown:
+        misspelt = [k for k in unknown if k not in FP16_HOOK_ARGS]
+        if misspelt:  # Fp16OptimizerHook(**fp16) refuses these in 0.x training too
             self.problem(
-                f'fp16: {", ".join(sorted(unknown))} not understood (only loss_scale is); '
+                unknown_keys_message('fp16', misspelt, FP16_HOOK_ARGS)
+                + '; Fp16OptimizerHook(**fp16), as mmdet 2.x builds it, refuses it too: fix the '
+                'key in the 0.x config and migrate again (it was left in the fp16 key)'
+            )
+        hook_args = sorted(k for k in unknown if k in FP16_HOOK_ARGS)
+        if hook_args:
+            self.problem(
+                f'fp16: {", ".join(hook_args)} not understood (only loss_scale is); '
                 'left in the fp16 key; port them by hand'
             )
         self._keep_rest('fp16', unknown)

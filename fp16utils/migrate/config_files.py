@@ -23,7 +23,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from .errors import CommandError, UsageError
+from .errors import CommandError, UsageError, shown_path
 
 __all__ = ['format_config', 'load_config']
 
@@ -61,14 +61,14 @@ def load_config(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def _load_config(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
-    named = path
+    named = shown_path(path)
     try:
         path = path.resolve()
     except (OSError, RuntimeError) as err:  # a symlink loop
         raise CommandError(f'{named}: cannot be resolved: {err}') from None
     if path in chain:
-        raise CommandError(f'{path}: _base_ files include each other in a cycle')
-    where = f'{chain[-1]}: _base_ file {named}' if chain else f'{named}'
+        raise CommandError(f'{shown_path(path)}: _base_ files include each other in a cycle')
+    where = f'{shown_path(chain[-1])}: _base_ file {named}' if chain else named
     if not path.exists():
         if chain:
             raise CommandError(f'{where} does not exist')
@@ -82,8 +82,8 @@ def _load_config(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
     if isinstance(bases, str):
         bases = [bases]
     if not isinstance(bases, (list, tuple)) or not all(isinstance(b, str) for b in bases):
-        raise CommandError(f'{path}: _base_ must be a file name or a list of file names '
-                           f'(str), got {_short(bases)}')
+        raise CommandError(f'{shown_path(path)}: _base_ must be a file name or a list of '
+                           f'file names (str), got {_short(bases)}')
     merged: dict[str, Any] = {}
     for base in bases:
         merged = _merge(merged, _load_config(path.parent / base, (*chain, path)))
@@ -93,21 +93,22 @@ def _load_config(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
 
 def _run_config(path: Path) -> dict[str, Any]:
     """Execute one config file; every way it can fail becomes one CommandError."""
+    shown = shown_path(path)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter('ignore')
             return runpy.run_path(str(path), run_name='__config__')
     except SyntaxError as err:
-        raise CommandError(f'{path}:{err.lineno or 1}: syntax error: {err.msg}') from None
+        raise CommandError(f'{shown}:{err.lineno or 1}: syntax error: {err.msg}') from None
     except OSError as err:
-        raise CommandError(f'{path}: cannot be read: {err.strerror or err}') from None
+        raise CommandError(f'{shown}: cannot be read: {err.strerror or err}') from None
     except SystemExit as err:
-        raise CommandError(f'{path}: could not be executed: it called exit({err.code!r})'
+        raise CommandError(f'{shown}: could not be executed: it called exit({err.code!r})'
                            ) from None
     except KeyboardInterrupt:
         raise
     except BaseException as err:  # the file is the user's code: report, do not crash
-        raise CommandError(f'{path}: could not be executed: {type(err).__name__}: '
+        raise CommandError(f'{shown}: could not be executed: {type(err).__name__}: '
                            f'{_short(err)}') from None
 
 
@@ -147,9 +148,11 @@ def format_config(cfg: dict[str, Any]) -> str:
 
     Dicts whose keys are identifiers (and not keywords) are written as
     ``dict(key=value)``, others as ``{...}`` literals. Only values that a Python
-    literal can carry are accepted (None, bool, int, finite float and complex, str,
-    bytes, and lists, tuples, dicts and sets of them); the text is parsed back
-    and compared with ``cfg`` before it is returned.
+    literal can carry are accepted (None, bool, int, float and complex, str,
+    bytes, and lists, tuples, dicts and sets of them); an infinite or nan float
+    is written ``float('inf')``, ``float('-inf')`` or ``float('nan')``. The text is
+    parsed back and compared with ``cfg`` (a nan equal to a nan) before it is
+    returned.
 
     Args:
         cfg: The config; its keys must be identifiers that are not keywords.
@@ -158,17 +161,16 @@ def format_config(cfg: dict[str, Any]) -> str:
         The text of the config file.
 
     Raises:
-        ValueError: Naming the key whose value cannot be written as a literal (an
-            ``inf``/``nan`` float, a class, a function, ...), or when the text would
-            not load back to an equal dict.
+        ValueError: Naming the key whose value cannot be written as a literal (a
+            class, a function, ...), or when the text would not load back to an
+            equal dict.
 
     Example:
         >>> print(format_config({'optim_wrapper': {'type': 'AmpOptimWrapper'}}), end='')
         optim_wrapper = dict(type='AmpOptimWrapper')
-        >>> format_config({'x': float('inf')})
-        Traceback (most recent call last):
-        ...
-        ValueError: x: inf cannot be written as a literal in a config file; ...
+        >>> print(format_config({'x': float('inf'), 'y': [float('nan')]}), end='')
+        x = float('inf')
+        y = [float('nan')]
     """
     for key in cfg:
         if not _key_is_name(key):
@@ -190,15 +192,13 @@ def format_config(cfg: dict[str, Any]) -> str:
 #: Values written with their repr (exact types: a subclass may repr as anything).
 _SCALARS = (type(None), bool, int, float, complex, str, bytes)
 #: The names a written config may call, and all its check may run.
-_LOAD_NAMES = {'dict': dict, 'set': set, 'frozenset': frozenset}
+_LOAD_NAMES = {'dict': dict, 'set': set, 'frozenset': frozenset, 'float': float,
+               'complex': complex}
 
 
 def _check_literal(value: Any, where: str) -> None:
     """Raise ValueError naming ``where`` unless ``value`` can be written as a literal."""
     if type(value) in _SCALARS:
-        if isinstance(value, (float, complex)) and not cmath.isfinite(value):
-            raise ValueError(f'{where}: {value!r} cannot be written as a literal in a config '
-                             'file; use a finite number (or a string the code converts)')
         return
     if isinstance(value, dict):
         for k, v in value.items():
@@ -222,10 +222,36 @@ def _check_loads_back(text: str, cfg: dict[str, Any]) -> None:
         raise ValueError(f'the written config would not load back ({type(err).__name__}: '
                          f'{_short(err)}); nothing was written') from None
     del namespace['__builtins__']
-    if namespace != cfg:
-        differ = [k for k in cfg if k not in namespace or namespace[k] != cfg[k]]
+    if namespace.keys() != cfg.keys() or not all(_same(namespace[k], cfg[k]) for k in cfg):
+        differ = [k for k in cfg if k not in namespace or not _same(namespace[k], cfg[k])]
         raise ValueError(f'{", ".join(differ) or "the config"}: the written config would '
                          'not load back to the same values; nothing was written')
+
+
+def _same(a: Any, b: Any) -> bool:
+    """``a == b``, where a nan equals a nan (a written ``float('nan')`` loads back as one)."""
+    if type(a) is not type(b):
+        return a == b
+    if isinstance(a, (float, complex)):
+        return all(x == y or x != x and y != y for x, y in zip(_parts(a), _parts(b)))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def _parts(value: complex) -> tuple[float, float]:
+    return complex(value).real, complex(value).imag
+
+
+def _number(value: float | complex) -> str:
+    """A float or complex as config text; inf and nan as ``float('inf')`` and ``float('nan')``."""
+    if cmath.isfinite(value):
+        return repr(value)
+    if isinstance(value, complex):
+        return f'complex({_number(value.real)}, {_number(value.imag)})'
+    return f"float('{value!r}')"
 
 
 def _key_is_name(key: Any) -> bool:
@@ -258,4 +284,6 @@ def _format_value(value: Any, indent: int) -> str:
         if len(one_line) + 4 * indent <= 80 and '\n' not in one_line:
             return one_line
         return open_ + '\n' + ',\n'.join(pad + p for p in parts) + close
+    if type(value) in (float, complex):
+        return _number(value)
     return repr(value)

@@ -29,6 +29,8 @@ __all__ = [
 ]
 
 _WRAPPER_TYPES = frozenset({'OptimWrapper', 'AmpOptimWrapper'})
+#: The plug-in's wrapper names -> MMEngine's (``convert_config(plugin=True)`` writes them).
+_PLUGIN_WRAPPERS = {PLUGIN_NAMES[k]: k for k in _WRAPPER_TYPES}
 
 
 class MigrationWarning(UserWarning):
@@ -199,6 +201,8 @@ def enable_amp(cfg: Mapping[str, Any], dtype: Optional[str] = None) -> dict[str,
     (bfloat16 where native on the model's device, else float16 with the dynamic
     loss scale, else float32).
     A wrapper that is already an ``AmpOptimWrapper`` is left as it is, with a warning.
+    The plug-in's names (``convert_config(cfg, plugin=True)``) are switched the same
+    way: ``'Fp16utilsOptimWrapper'`` becomes ``'Fp16utilsAmpOptimWrapper'``.
 
     Args:
         cfg: a 1.x config (with ``optim_wrapper``). Not modified.
@@ -211,7 +215,7 @@ def enable_amp(cfg: Mapping[str, Any], dtype: Optional[str] = None) -> dict[str,
     Raises:
         ValueError: no ``optim_wrapper`` (a 0.x config: run :func:`convert_config`
             first), an unknown ``dtype``, or a wrapper type other than
-            ``OptimWrapper``/``AmpOptimWrapper``.
+            ``OptimWrapper``/``AmpOptimWrapper`` (or the plug-in's names of them).
 
     Warns:
         MigrationWarning: for each wrapper that already was an ``AmpOptimWrapper``.
@@ -245,6 +249,8 @@ def enable_amp(cfg: Mapping[str, Any], dtype: Optional[str] = None) -> dict[str,
                 wrapper[key] = dict(wrapper[key])
     for where, entry in wrapper_entries(wrapper, layout):
         kind = entry.get('type', 'OptimWrapper')
+        plugin = kind in _PLUGIN_WRAPPERS  # the plug-in's names stay the plug-in's
+        kind = _PLUGIN_WRAPPERS.get(kind, kind)
         if kind == 'AmpOptimWrapper':
             warnings.warn(
                 f'{where} is already an AmpOptimWrapper; left as it is'
@@ -256,9 +262,11 @@ def enable_amp(cfg: Mapping[str, Any], dtype: Optional[str] = None) -> dict[str,
         if kind not in _WRAPPER_TYPES:
             raise ValueError(
                 f"{where}.type is {kind!r}; enable_amp can only switch 'OptimWrapper' to "
-                "'AmpOptimWrapper'; make that wrapper mixed-precision by hand"
+                f"'AmpOptimWrapper' (or {PLUGIN_NAMES['OptimWrapper']!r} to "
+                f"{PLUGIN_NAMES['AmpOptimWrapper']!r}); make that wrapper mixed-precision "
+                'by hand'
             )
-        entry['type'] = 'AmpOptimWrapper'
+        entry['type'] = PLUGIN_NAMES['AmpOptimWrapper'] if plugin else 'AmpOptimWrapper'
         if dtype != 'bfloat16':
             entry.setdefault('loss_scale', 'dynamic')
         if dtype is not None:

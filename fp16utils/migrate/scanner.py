@@ -19,6 +19,7 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
+from .._keys import FP16_HOOK_ARGS, unknown_keys_message
 from ._source import (
     FP16_MODULE_LEAVES,
     FP16_NAMES,
@@ -116,8 +117,12 @@ def _dict_keywords(node: ast.AST) -> Optional[dict[str, ast.AST]]:
 _MIGRATE_HINT = 'fp16utils migrate CONFIG.py (convert_config)'
 
 
-class _Scanner(ast.NodeVisitor):
-    """One file's findings: the ast visit, then the config assignments at top level."""
+class _Scanner:
+    """One file's findings: every node of the tree, then the config assignments at top level.
+
+    The nodes are taken from ``ast.walk`` (breadth first, parents before children,
+    no recursion), so an expression of any length that the parser read is scanned.
+    """
 
     def __init__(self, src: Source, tree: ast.Module) -> None:
         self.src = src
@@ -135,6 +140,12 @@ class _Scanner(ast.NodeVisitor):
                     for alias in node.names:
                         if alias.name in FP16_MODULE_LEAVES:
                             self.module_aliases.add(alias.asname or alias.name)
+
+    def visit(self, tree: ast.AST) -> None:
+        for node in ast.walk(tree):
+            handler = getattr(self, f'visit_{type(node).__name__}', None)
+            if handler is not None:
+                handler(node)
 
     def add(self, node: ast.AST, kind: str, message: str, suggestion: str) -> None:
         line = node.lineno  # type: ignore[attr-defined]
@@ -244,11 +255,9 @@ class _Scanner(ast.NodeVisitor):
 
     def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
         self._decorators(node)
-        self.generic_visit(node)
 
     def visit_AsyncFunctionDef(self, node: ast.AsyncFunctionDef) -> None:
         self._decorators(node)
-        self.generic_visit(node)
 
     # -- fp16_enabled and attribute uses -------------------------------------------
 
@@ -272,7 +281,6 @@ class _Scanner(ast.NodeVisitor):
                     f'import it with `from fp16utils import {node.attr}` and use the bare '
                     'name; --fix does not rewrite attribute accesses',
                 )
-        self.generic_visit(node)
 
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
         for stmt in node.body:  # ``fp16_enabled = False`` as a class attribute
@@ -291,7 +299,6 @@ class _Scanner(ast.NodeVisitor):
                         'sets fp16_enabled (class attribute)',
                         self._FLAG_HINT,
                     )
-        self.generic_visit(node)
 
     def visit_Call(self, node: ast.Call) -> None:
         if (
@@ -302,7 +309,6 @@ class _Scanner(ast.NodeVisitor):
             and node.args[1].value == 'fp16_enabled'
         ):
             self.add(node, 'fp16-enabled', f'{node.func.id}(..., "fp16_enabled")', self._FLAG_HINT)
-        self.generic_visit(node)
 
     # -- config files --------------------------------------------------------------
 
@@ -319,6 +325,17 @@ class _Scanner(ast.NodeVisitor):
             if keys is None:
                 continue
             if name == 'fp16':
+                unknown = [k for k in keys if k not in FP16_HOOK_ARGS]
+                if unknown:
+                    self.add(
+                        stmt,
+                        'config-fp16',
+                        unknown_keys_message('config fp16 = dict(...)', unknown,
+                                             FP16_HOOK_ARGS),
+                        'fix the key: Fp16OptimizerHook(**fp16), as mmdet 2.x builds it, '
+                        'refuses a key it does not take (mmcv\'s hook too)',
+                    )
+                    continue
                 scale = keys.get('loss_scale')
                 shown = ast.unparse(scale) if scale is not None else 'default 512.'
                 self.add(

@@ -9,8 +9,7 @@ from __future__ import annotations
 import copy
 import pickle
 import re
-import warnings
-from collections import OrderedDict, namedtuple
+from collections import OrderedDict, UserDict, namedtuple
 
 import numpy as np
 import pytest
@@ -117,37 +116,42 @@ class Frozen(dict):
         super().__init__(**kwargs)
 
 
-def test_unrebuildable_container_comes_back_uncast_with_one_warning():
-    from fp16utils import cast
-
-    cast._warned_types.discard(TwoArgs)
+def test_unrebuildable_container_is_refused_naming_its_class_and_nothing_is_cast():
     inp = TwoArgs(f32(), 2)
-    with pytest.warns(UserWarning, match='TwoArgs cannot be rebuilt from its items'):
-        out = cast_tensor_type(inp, F32, F16)
-    assert out is inp and inp[0].dtype == F32
-    with warnings.catch_warnings():
-        warnings.simplefilter('error')  # warned once per class
-        assert cast_tensor_type(TwoArgs(f32(), 3), F32, F16)[0].dtype == F32
+    with pytest.raises(TypeError, match=r'cannot rebuild a .*TwoArgs with its tensors cast: '
+                                        r'its constructor refused'):
+        cast_tensor_type(inp, F32, F16)
+    assert inp[0].dtype == F32 and inp[1] == 2
+    # Nothing to cast inside: the very same object, no error.
+    plain = TwoArgs(torch.ones(1, dtype=torch.int64), 2)
+    assert cast_tensor_type(plain, F32, F16) is plain
 
 
-def test_mapping_rebuilt_from_a_dict_when_its_constructor_takes_keywords_only():
-    from fp16utils import cast
-
-    cast._warned_types.discard(Frozen)
+def test_mapping_whose_constructor_takes_keywords_only_is_refused():
     inp = Frozen(x=f32())
-    with pytest.warns(UserWarning, match='Frozen cannot be rebuilt'):
-        out = cast_tensor_type(inp, F32, F16)
-    assert out is inp and inp['x'].dtype == F32
+    with pytest.raises(TypeError, match=r'Frozen\(a dict of the items\)'):
+        cast_tensor_type(inp, F32, F16)
+    assert inp['x'].dtype == F32
 
 
-def test_unrebuildable_inner_container_leaves_its_parent_identical():
-    from fp16utils import cast
-
-    cast._warned_types.discard(TwoArgs)
+def test_unrebuildable_inner_container_refuses_the_whole_input():
     inner = TwoArgs(f32(), 1)
     inp = {'inner': inner, 'n': 3}
-    with pytest.warns(UserWarning):
-        assert cast_tensor_type(inp, F32, F16) is inp
+    with pytest.raises(TypeError, match='TwoArgs'):
+        cast_tensor_type(inp, F32, F16)
+    assert inner[0].dtype == F32
+
+
+class _Lossy(UserDict):
+    """A mapping whose constructor takes a dict but keeps its own (uncast) tensors."""
+
+    def __init__(self, data=None):
+        super().__init__({'w': torch.ones(1)})
+
+
+def test_a_rebuilt_mapping_that_still_holds_tensors_to_cast_is_refused():
+    with pytest.raises(TypeError, match='still holds tensors to cast'):
+        cast_tensor_type(_Lossy(), F32, F16)
 
 
 def test_namedtuple_ordered_dict_and_torch_size_keep_their_types():

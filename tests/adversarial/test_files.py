@@ -218,14 +218,39 @@ def test_scan_when_the_visit_itself_recurses_too_deep_reports_the_file(tmp_path,
     (tmp_path / 'a.py').write_text(FIXABLE)
     (tmp_path / 'b.py').write_text(FIXABLE)
 
+    visit = scanner._Scanner.visit
+
     def too_deep(self, tree):
         if self.src.path.endswith('a.py'):
             raise RecursionError('maximum recursion depth exceeded')
-        return scanner.ast.NodeVisitor.visit(self, tree)
+        return visit(self, tree)
 
     monkeypatch.setattr(scanner._Scanner, 'visit', too_deep)
     assert [(os.path.basename(f.path), f.kind) for f in scan(tmp_path)] == [
         ('a.py', 'unreadable'), ('b.py', 'import')]
+
+
+@pytest.mark.parametrize('terms', [1000, 2500])
+def test_scan_reads_a_long_flat_expression_that_python_compiles(tmp_path, terms):
+    body = FIXABLE + 'x = ' + ' + '.join(['1'] * terms) + '\n'
+    (tmp_path / 'm.py').write_text(body)
+    compile(body, 'm.py', 'exec')  # Python itself reads it
+    assert [f.kind for f in scan(tmp_path)] == ['import']
+
+
+def test_format_config_writes_non_finite_numbers_that_load_back():
+    cfg = {'a': float('inf'), 'b': dict(c=[-float('inf'), float('nan')]),
+           'd': complex(float('nan'), 2.0), 'e': (float('inf'),)}
+    text = format_config(cfg)
+    assert "a = float('inf')" in text and "float('-inf')" in text
+    ns: dict = {}
+    exec(text, ns)  # noqa: S102 - the text under test
+    assert repr({k: ns[k] for k in cfg}) == repr(cfg)
+
+
+def test_format_config_refuses_a_set_holding_nan_which_cannot_compare_equal():
+    with pytest.raises(ValueError, match='s: the written config would not load back'):
+        format_config({'s': {float('nan')}})
 
 
 def test_scan_of_a_huge_single_line_works(tmp_path):
@@ -505,10 +530,6 @@ def test_format_config_writes_what_loads_back_equal(cfg):
 
 
 @pytest.mark.parametrize('cfg, needle', [
-    ({'a': float('inf')}, 'a: inf cannot'),
-    ({'a': {'b': [1, float('nan')]}}, 'a.b[1]: nan cannot'),
-    ({'a': -float('inf')}, '-inf'),
-    ({'a': complex(1, float('inf'))}, 'cannot'),
     ({'a': int}, "a: <class 'int'> (type)"),
     ({'a': {'f': len}}, 'a.f: <built-in function len>'),
     ({'a': os}, '(module)'),

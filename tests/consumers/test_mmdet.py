@@ -295,3 +295,19 @@ def test_fp16utils_run_trains_mmdet_tools_train_py_in_bfloat16(coco, tmp_path):
     # config says; the state is what a float16 run of the config would start from
     assert fp16['stats']['skipped_steps'] == 0  # 'stats': written by fp16utils' hook only
     assert not log.exists(), log.read_text()
+
+
+def test_fp16utils_run_names_a_misspelt_fp16_key_of_a_real_config_in_one_line(coco, tmp_path):
+    import mmdet
+
+    train_py = Path(mmdet.__file__).parent / '.mim' / 'tools' / 'train.py'
+    cfg = _tiny.retinanet(coco, str(tmp_path / 'work'), max_epochs=1,
+                          fp16=dict(loss_scal=512.))  # the typo a newcomer makes
+    config = _tiny.write_config(cfg, tmp_path / 'retinanet_fp16.py')
+    proc = run_fp16utils(str(train_py), str(config), '--seed', '0', '--no-validate',
+                         cwd=tmp_path, log=tmp_path / 'standins.log')
+    assert proc.returncode == 1 and 'Traceback' not in proc.stderr, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("fp16utils: error: Fp16OptimizerHook got the unknown key "
+                           "'loss_scal' (did you mean 'loss_scale'?)"), last
+    assert not (tmp_path / 'work' / 'epoch_1.pth').exists()
