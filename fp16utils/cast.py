@@ -156,13 +156,14 @@ def _cast(obj: Any, src: Collection[torch.dtype], dst: torch.dtype,
     return out
 
 
-def _rebuilt(obj: Any, build: Callable[[], Any], src: Optional[Collection[torch.dtype]]) -> Any:
-    """``build()``; a TypeError naming the class when it raises or loses the cast tensors.
+def _rebuilt(obj: Any, build: Callable[[], Any], items: Optional[list]) -> Any:
+    """``build()``; a TypeError naming the class when it raises or does not keep ``items``.
 
     mmcv rebuilds a container as ``type(obj)(items)`` too (and raises the
-    constructor's error); an unknown class whose rebuilt object still holds a tensor
-    of a ``src`` dtype is refused as well, so no tensor is left uncast silently
-    (``src`` None: a namedtuple, rebuilt from its fields without that check).
+    constructor's error). The object a class outside the standard containers builds
+    must hold exactly the cast ``items`` (``(key, value)`` pairs for a mapping), so
+    that no tensor is left uncast or dropped silently (``items`` None: no check, for
+    a namedtuple rebuilt from its fields).
     """
     cls = type(obj)
     try:
@@ -170,9 +171,9 @@ def _rebuilt(obj: Any, build: Callable[[], Any], src: Optional[Collection[torch.
     except TypeError as err:
         why = f'its constructor refused the cast items ({err})'
     else:
-        if src is None or cls in _KNOWN or type(out) is cls and not _holds(out, src):
+        if items is None or cls in _KNOWN or type(out) is cls and _keeps(out, items):
             return out
-        why = ('the object it built still holds tensors to cast' if type(out) is cls
+        why = ('the object it built does not hold the cast items' if type(out) is cls
                else f'its constructor built a {type(out).__name__}')
     how = ('a dict of the items' if isinstance(obj, abc.Mapping)
            else 'the list of the items')
@@ -183,21 +184,29 @@ def _rebuilt(obj: Any, build: Callable[[], Any], src: Optional[Collection[torch.
         f'dict or list instead.') from None
 
 
-def _holds(obj: Any, src: Collection[torch.dtype]) -> bool:
-    """Whether a tensor of a ``src`` dtype is inside ``obj`` (containers walked, once each)."""
-    todo, seen = [obj], set()
-    while todo:
-        item = todo.pop()
-        if isinstance(item, _Tensor):
-            if item.dtype in src:
-                return True
-        elif not isinstance(item, _ATOMS) and id(item) not in seen:
-            seen.add(id(item))
-            if isinstance(item, abc.Mapping):
-                todo.extend(item.values())
-            elif isinstance(item, (abc.Sequence, abc.Set, collections.deque)):
-                todo.extend(item)
-    return False
+def _keeps(out: Any, items: list) -> bool:
+    """Whether a rebuilt container holds ``items`` (in order; a set in any order)."""
+    try:
+        if isinstance(out, abc.Mapping):
+            return len(out) == len(items) and all(_kept(out[k], v) for k, v in items)
+        got = list(out)
+        if len(got) != len(items):
+            return False
+        if isinstance(out, abc.Set):
+            return {id(x) for x in got} == {id(x) for x in items}
+        return all(_kept(a, b) for a, b in zip(got, items))
+    except Exception:  # noqa: BLE001 - a container that cannot be read back: not kept
+        return False
+
+
+def _kept(got: Any, want: Any) -> bool:
+    """``got`` is ``want``, or an equal copy of it (a tensor: same dtype, shape, device)."""
+    if got is want:
+        return True
+    if isinstance(want, _Tensor):
+        return (isinstance(got, _Tensor) and got.dtype == want.dtype
+                and got.shape == want.shape and got.device == want.device)
+    return not isinstance(want, (abc.Mapping, abc.Sequence, abc.Set)) and bool(got == want)
 
 
 def _cast_mapping(obj: abc.Mapping, src: Collection[torch.dtype], dst: torch.dtype,
@@ -212,7 +221,7 @@ def _cast_mapping(obj: abc.Mapping, src: Collection[torch.dtype], dst: torch.dty
         return out
     # Built from a dict, as mmcv does (MappingProxyType and Mapping classes that wrap
     # the object they are given need one, not a list of pairs).
-    return _rebuilt(obj, lambda: type(obj)(dict(pairs)), src)
+    return _rebuilt(obj, lambda: type(obj)(dict(pairs)), pairs)
 
 
 def _cast_collection(obj: Any, src: Collection[torch.dtype], dst: torch.dtype,
@@ -229,8 +238,8 @@ def _cast_collection(obj: Any, src: Collection[torch.dtype], dst: torch.dtype,
     if isinstance(obj, tuple) and hasattr(obj, '_fields'):  # namedtuple
         return _rebuilt(obj, lambda: cls(*new), None)  # fields kept by position
     if isinstance(obj, collections.deque):
-        return _rebuilt(obj, lambda: cls(new, obj.maxlen), src)
-    return _rebuilt(obj, lambda: cls(new), src)
+        return _rebuilt(obj, lambda: cls(new, obj.maxlen), new)
+    return _rebuilt(obj, lambda: cls(new), new)
 
 
 def cast_tensor_type(inputs: Any, src_type: Any = None, dst_type: Any = None) -> Any:
@@ -257,8 +266,9 @@ def cast_tensor_type(inputs: Any, src_type: Any = None, dst_type: Any = None) ->
     ValueError (a copy cannot keep the cycle), as is nesting deeper than
     :data:`MAX_DEPTH` containers. A container that must be rebuilt but cannot
     be (its constructor refuses the list of its items, or a dict for a
-    mapping, as mmcv's does; or the object it builds still holds tensors to
-    cast) is a TypeError naming its class: no tensor is left uncast silently.
+    mapping, as mmcv's does; or the object it builds does not hold the cast
+    items) is a TypeError naming its class: no tensor is left uncast or dropped
+    silently.
 
     Args:
         inputs: Anything: a tensor, a container of tensors, or another object.

@@ -452,7 +452,11 @@ def main(argv: Optional[Sequence[str]] = None, out: Optional[TextIO] = None) -> 
     Returns:
         0 on success, 1 on findings or failure, 2 on a usage error.
     """
-    out = sys.stdout if out is None else out
+    if out is None:
+        out = sys.stdout
+        reconfigure = getattr(out, 'reconfigure', None)
+        if reconfigure is not None:  # a terminal that is not UTF-8: \xe9 for what it lacks
+            reconfigure(errors='backslashreplace')
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

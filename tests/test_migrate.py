@@ -690,6 +690,9 @@ def test_enable_amp_keeps_an_existing_amp_wrapper_and_warns():
     with pytest.warns(MigrationWarning, match='already an AmpOptimWrapper'):
         new = enable_amp(cfg, dtype='bfloat16')
     assert new == cfg
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')  # no dtype asked for: nothing to warn about
+        assert enable_amp(cfg) == cfg
 
 
 def test_enable_amp_on_a_0x_config_says_to_convert_first():

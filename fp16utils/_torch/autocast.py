@@ -270,6 +270,8 @@ def call_autocast(device_type: str, dtype: torch.dtype | None, enabled: bool,
         prev_enabled = _is_autocast_enabled(device_type)
         prev_dtype = _get_autocast_dtype(device_type)
     except RuntimeError:  # a device type without autocast ('meta'): nothing to switch
+        prev_enabled = None
+    if prev_enabled is None:  # (called outside the except: no chained context)
         return func(*args, **kwargs)
     if enabled and not autocast_supports(device_type, dtype or prev_dtype):
         enabled = False

@@ -235,6 +235,8 @@ def load_source(
     except (RecursionError, MemoryError):
         return src, None, unreadable(TOO_DEEP)
     except (SyntaxError, ValueError) as exc:
+        if str(getattr(exc, 'msg', '')).startswith('too many nested'):  # the parser's limit
+            return src, None, unreadable(TOO_DEEP)
         line = getattr(exc, 'lineno', None) or 1
         col = getattr(exc, 'offset', None) or 1
         msg = getattr(exc, 'msg', None) or str(exc)

@@ -189,6 +189,8 @@ def format_config(cfg: dict[str, Any]) -> str:
     return text
 
 
+#: The most keys a dict is written with as ``dict(key=value, ...)``.
+_MAX_KEYWORDS = 255
 #: Values written with their repr (exact types: a subclass may repr as anything).
 _SCALARS = (type(None), bool, int, float, complex, str, bytes)
 #: The names a written config may call, and all its check may run.
@@ -263,7 +265,9 @@ def _format_value(value: Any, indent: int) -> str:
     if isinstance(value, dict):
         if not value:
             return 'dict()'
-        if all(_key_is_name(k) for k in value):
+        # dict(k=...) reads best; past _MAX_KEYWORDS keys a {...} literal, which CPython
+        # compiles in linear time (its keyword-argument check is quadratic).
+        if len(value) <= _MAX_KEYWORDS and all(_key_is_name(k) for k in value):
             items = [f'{k}={_format_value(v, indent + 1)}' for k, v in value.items()]
             one_line = f'dict({", ".join(items)})'
             if len(one_line) + 4 * indent <= 80 and '\n' not in one_line:

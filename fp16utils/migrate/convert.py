@@ -200,7 +200,8 @@ def enable_amp(cfg: Mapping[str, Any], dtype: Optional[str] = None) -> dict[str,
     ``'auto'`` is written as it is: the wrapper resolves it when it is built
     (bfloat16 where native on the model's device, else float16 with the dynamic
     loss scale, else float32).
-    A wrapper that is already an ``AmpOptimWrapper`` is left as it is, with a warning.
+    A wrapper that is already an ``AmpOptimWrapper`` is left as it is (with a warning
+    when ``dtype`` is given: it is not applied to that wrapper).
     The plug-in's names (``convert_config(cfg, plugin=True)``) are switched the same
     way: ``'Fp16utilsOptimWrapper'`` becomes ``'Fp16utilsAmpOptimWrapper'``.
 
@@ -218,7 +219,8 @@ def enable_amp(cfg: Mapping[str, Any], dtype: Optional[str] = None) -> dict[str,
             ``OptimWrapper``/``AmpOptimWrapper`` (or the plug-in's names of them).
 
     Warns:
-        MigrationWarning: for each wrapper that already was an ``AmpOptimWrapper``.
+        MigrationWarning: for each wrapper that already was an ``AmpOptimWrapper``,
+            when ``dtype`` is given.
 
     Example:
         >>> enable_amp(dict(optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.1))))
@@ -252,12 +254,13 @@ def enable_amp(cfg: Mapping[str, Any], dtype: Optional[str] = None) -> dict[str,
         plugin = kind in _PLUGIN_WRAPPERS  # the plug-in's names stay the plug-in's
         kind = _PLUGIN_WRAPPERS.get(kind, kind)
         if kind == 'AmpOptimWrapper':
-            warnings.warn(
-                f'{where} is already an AmpOptimWrapper; left as it is'
-                + (f' (dtype={dtype!r} not applied)' if dtype else ''),
-                MigrationWarning,
-                stacklevel=2,
-            )
+            if dtype is not None:  # only then is something asked for and not applied
+                warnings.warn(
+                    f'{where} is already an AmpOptimWrapper; left as it is '
+                    f'(dtype={dtype!r} not applied)',
+                    MigrationWarning,
+                    stacklevel=2,
+                )
             continue
         if kind not in _WRAPPER_TYPES:
             raise ValueError(

@@ -17,6 +17,7 @@ Example:
 from __future__ import annotations
 
 import os
+import sys
 
 __all__ = ['CommandError', 'UsageError', 'shown_path']
 
@@ -32,22 +33,32 @@ class CommandError(Exception):
 def shown_path(path: str | bytes | os.PathLike) -> str:
     """``path`` as text that names the file when pasted into a shell.
 
-    A printable name is shown as it is; one with undecodable bytes or control
-    characters in bash's ``$'...'`` quoting, each such byte as ``\\xHH``.
+    A printable name that the terminal's encoding (``sys.stdout``'s) writes as its
+    bytes on disk is shown as it is; any other in bash's ``$'...'`` quoting, each
+    character that it cannot write so as the ``\\xHH`` escapes of those bytes.
 
     Example:
         >>> shown_path('cfg.py'), shown_path(b'caf\\xe9.py')
         ('cfg.py', "$'caf\\\\xe9.py'")
     """
     text = os.fsdecode(path)
-    if text.isprintable():  # (a surrogate-escaped byte is not printable)
+    encoding = getattr(sys.stdout, 'encoding', None) or 'utf-8'
+    if text.isprintable() and _shows(text, encoding):  # (an undecodable byte is not)
         return text
     parts = []
     for char in text:
         if char in "\\'":
             parts.append('\\' + char)
-        elif char.isprintable():
+        elif char.isprintable() and _shows(char, encoding):
             parts.append(char)
         else:
             parts.extend(f'\\x{byte:02x}' for byte in os.fsencode(char))
     return "$'" + ''.join(parts) + "'"
+
+
+def _shows(text: str, encoding: str) -> bool:
+    """Whether the terminal writes ``text`` as the bytes it has on disk."""
+    try:
+        return text.encode(encoding) == os.fsencode(text)
+    except (UnicodeError, LookupError):
+        return False
