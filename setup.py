@@ -28,6 +28,11 @@ setup(
     extras_require={
         'test': ['pytest>=7', 'hypothesis>=6'],
         'plot': ['matplotlib'],
+        # `mkdocs build --strict`, pinned as the docs tier (.ci/docs) pins them. ruff
+        # lets mkdocstrings lay long signatures out on several lines.
+        'docs': ['mkdocs==1.6.1', 'mkdocs-material==9.8.2', 'mkdocstrings==1.0.8',
+                 'mkdocstrings-python==2.0.11', 'pymdown-extensions==13.1.2',
+                 'ruff==0.17.6'],
     },
     entry_points={'console_scripts': ['fp16utils=fp16utils.cli:main']},
     classifiers=[

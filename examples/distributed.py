@@ -19,7 +19,8 @@ Run: python examples/distributed.py                  # bfloat16, DDP then FSDP2
 
 import argparse
 import os
-import socket
+import tempfile
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -88,9 +89,9 @@ def run_fsdp2(rank: int, dtype: str) -> dict:
                 note=f'rank {rank} holds {shards} of {total} parameters')
 
 
-def worker(rank: int, world_size: int, port: int, dtype: str, parts: list) -> None:
+def worker(rank: int, world_size: int, init_file: str, dtype: str, parts: list) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{port}', rank=rank,
+    dist.init_process_group('gloo', init_method=Path(init_file).as_uri(), rank=rank,
                             world_size=world_size)
     try:
         results = [run_ddp(rank, dtype) if part == 'ddp' else run_fsdp2(rank, dtype)
@@ -117,12 +118,6 @@ def report(per_rank: tuple) -> str:
     return f"{first['part']} skipped {first['skipped']} on every rank: {agreed}"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--dtype', choices=['bfloat16', 'float16'], default='bfloat16')
@@ -135,8 +130,12 @@ def main() -> None:
         raise SystemExit('this torch build has no torch.distributed with gloo')
     os.environ.setdefault('OMP_NUM_THREADS', '1')
     world_size = 2
-    mp.start_processes(worker, args=(world_size, free_port(), args.dtype, args.parts),
-                       nprocs=world_size, start_method=args.start_method)
+    # The ranks meet in a file of a fresh folder: no TCP port to pick (a port found free
+    # here may be taken by another program before rank 0 listens on it).
+    with tempfile.TemporaryDirectory() as folder:
+        mp.start_processes(worker, args=(world_size, os.path.join(folder, 'rendezvous'),
+                                         args.dtype, args.parts),
+                           nprocs=world_size, start_method=args.start_method)
 
 
 if __name__ == '__main__':

@@ -92,6 +92,12 @@ HOOK_SCALE = dict(init_scale=1024.0, mode='dynamic', scale_factor=2.0, scale_win
 #: (coalesce, bucket_size_mb) of the legacy hook's own all-reduce scenarios.
 ALLREDUCE_SETTINGS = ((True, -1), (True, 0.0006), (False, -1))
 NO_SYNC_STEPS = 4
+#: Seconds a rank waits for another one (to join the group, in a collective, at the final
+#: barrier): an upper bound, never an expected time. On a loaded machine a rank can be off
+#: the CPU for tens of seconds while its peer waits (30 s failed there: "Timed out waiting
+#: 30000ms for send operation to complete"). The parent kills the workers at its own
+#: deadline, test_distributed.TIMEOUT_S, which is longer.
+PG_TIMEOUT_S = 300
 
 
 def overflow_data(rank: int) -> List[Tuple[torch.Tensor, torch.Tensor]]:
@@ -434,7 +440,7 @@ def dist_main(rank: int, world_size: int, init_file: str, out_dir: str,
     try:
         dist.init_process_group('gloo', init_method=f'file://{init_file}', rank=rank,
                                 world_size=world_size,
-                                timeout=datetime.timedelta(seconds=30))
+                                timeout=datetime.timedelta(seconds=PG_TIMEOUT_S))
     except Exception as err:  # noqa: BLE001 - any failure to start means: skip
         print(f'could not start a gloo process group: {err!r}', file=sys.stderr)
         return EXIT_NO_GLOO
@@ -451,8 +457,12 @@ def dist_main(rank: int, world_size: int, init_file: str, out_dir: str,
     torch.save(results, final + '.tmp')
     os.replace(final + '.tmp', final)  # the parent reads a complete file or none
     if status == 0:
-        dist.barrier()  # no rank tears the group down while another still uses it
-        dist.destroy_process_group()
+        try:
+            dist.barrier()  # no rank tears the group down while another still uses it
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - another rank failed: the parent shows both logs
+            traceback.print_exc()
+            status = EXIT_FAILED
     return status
 
 
@@ -642,7 +652,14 @@ def main(argv: List[str]) -> int:
     if argv[:1] == ['dist'] and len(argv) in (5, 6) and argv[5:] in ([], *(
             [g] for g in DIST_GROUPS)):
         torch.set_num_threads(1)
-        return dist_main(int(argv[1]), int(argv[2]), argv[3], argv[4], *argv[5:])
+        status = dist_main(int(argv[1]), int(argv[2]), argv[3], argv[4], *argv[5:])
+        # Exit without the interpreter's teardown: the results are written and the group
+        # destroyed, but gloo's threads (gloo_tcp_loop, pt_gloo_runloop) outlive
+        # destroy_process_group, and a teardown that races them can abort the process
+        # (SIGABRT) after its work is done. Nothing is left to clean up here.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
     if argv[:1] == ['resume'] and len(argv) == 2:
         return resume_main(argv[1])
     print('usage: _dist_worker.py dist RANK WORLD INIT_FILE OUT_DIR [GROUP] | resume MANIFEST',

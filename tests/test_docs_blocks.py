@@ -7,8 +7,12 @@ The rules, as a reader meets the pages:
 - ``python`` blocks with ``>>>`` prompts are one interpreter session per page: they run
   in page order in one namespace, and their printed output is compared (doctest, with
   ELLIPSIS and NORMALIZE_WHITESPACE).
-- A block whose only line is a snippet include (``--8<-- "examples/x.py"``) shows a
-  file of examples/: the file must exist, and tests/test_examples.py runs it.
+- A ``python`` block titled with a file of examples/ (```` ```python
+  title="examples/x.py" ````) shows that script inline, so that the page reads the same
+  in the repository as on the site: its text must be the file's, byte for byte, and it
+  is not run here (tests/test_examples.py runs the file, with its arguments). No page
+  pulls an example in with a snippet include (``--8<--``): only docs/changelog.md
+  includes a file, CHANGELOG.md.
 - ``bash`` / ``console`` / ``shell`` blocks run their commands (``$ `` prompts are
   stripped; ``pip install`` lines are not run: installing is tested in
   tests/test_packaging.py) from the root of the checkout, with ``fp16utils`` meaning
@@ -30,6 +34,7 @@ The rules, as a reader meets the pages:
 from __future__ import annotations
 
 import contextlib
+import difflib
 import doctest
 import io
 import os
@@ -48,10 +53,14 @@ PAGES = [ROOT / 'README.md'] + sorted((ROOT / 'docs').rglob('*.md'))
 MAX_NOT_RUN = 6
 
 _FENCE = re.compile(
-    r'^(?P<indent>[ \t]*)(?P<fence>```+|~~~+)[ \t]*(?P<lang>[\w+-]*)[^\n]*\n'
+    r'^(?P<indent>[ \t]*)(?P<fence>```+|~~~+)[ \t]*(?P<lang>[\w+-]*)(?P<info>[^\n]*)\n'
     r'(?P<body>.*?)^(?P=indent)(?P=fence)[ \t]*$', re.M | re.S)
 _NOT_RUN = re.compile(r'<!--\s*not run:\s*(?P<why>.+?)\s*-->\s*$')
 _SNIPPET = re.compile(r'^\s*-+8<-+\s+"(?P<path>[^"]+)"\s*$')
+_SNIPPET_LINE = re.compile(r'^\s*-+8<-+', re.M)
+#: The one page that may include a file through a snippet: the changelog.
+SNIPPET_PAGES = {ROOT / 'docs' / 'changelog.md'}
+_TITLE = re.compile(r'\btitle="(?P<path>[^"]+)"')
 _NEEDS = re.compile(r'^\s*(?:import|from)\s+(mmcv|mmdet|mmseg|mmengine|fp16utils\.mmengine)\b',
                     re.M)
 _SHELL = {'bash', 'sh', 'shell', 'console'}
@@ -65,10 +74,19 @@ class Block:
     lang: str
     body: str
     not_run: str | None
+    info: str = ''
 
     @property
     def where(self) -> str:
         return f'{self.page.relative_to(ROOT)}:{self.line}'
+
+    @property
+    def example(self) -> str | None:
+        """The examples/ file a titled ``python`` block shows (None: not an example)."""
+        title = _TITLE.search(self.info)
+        if self.lang in _PYTHON and title and title.group('path').startswith('examples/'):
+            return title.group('path')
+        return None
 
 
 def blocks_of(page: Path) -> list:
@@ -82,7 +100,7 @@ def blocks_of(page: Path) -> list:
         not_run = _NOT_RUN.search(before)
         found.append(Block(page, text.count('\n', 0, match.start()) + 1,
                            match.group('lang').lower(), body,
-                           not_run.group('why') if not_run else None))
+                           not_run.group('why') if not_run else None, match.group('info')))
     return found
 
 
@@ -151,8 +169,8 @@ def _script_id(block: Block) -> str:
 
 
 SCRIPTS = [b for b in ALL if b.lang in _PYTHON and '>>>' not in b.body
-           and not _SNIPPET.match(b.body.strip())]
-SNIPPETS = [b for b in ALL if _SNIPPET.match(b.body.strip())]
+           and not _SNIPPET.match(b.body.strip()) and not b.example]
+EXAMPLES = [b for b in ALL if b.example]
 SHELLS = [b for b in ALL if b.lang in _SHELL and not _SNIPPET.match(b.body.strip())]
 SESSIONS = sorted({b.page for b in ALL if b.lang in _PYTHON and '>>>' in b.body})
 
@@ -190,13 +208,54 @@ def test_prompt_blocks_of_a_page_run_as_one_session(page, tmp_path, monkeypatch)
     assert runner.tries == len(examples) > 0
 
 
-@pytest.mark.parametrize('block', SNIPPETS, ids=_script_id)
-def test_snippet_names_an_example_that_the_suite_runs(block):
-    path = _SNIPPET.match(block.body.strip()).group('path')
-    assert (ROOT / path).is_file(), f'{block.where} includes {path}, which does not exist'
+def example_drift(block: Block) -> str | None:
+    """How an inlined example differs from its file (None: it is the file, and is run)."""
+    path = ROOT / block.example
+    if not path.is_file():
+        return f'{block.where} shows {block.example}, which does not exist'
     runner = (ROOT / 'tests' / 'test_examples.py').read_text()
-    assert Path(path).name in runner, (
-        f'{block.where} shows {path}, which tests/test_examples.py does not run')
+    if path.name not in runner:
+        return f'{block.where} shows {block.example}, which tests/test_examples.py does not run'
+    text = path.read_text()
+    if block.body != text:
+        diff = difflib.unified_diff(text.splitlines(), block.body.splitlines(),
+                                    block.example, f'{block.where} (the page)', lineterm='')
+        return (f'{block.where}: the block differs from {block.example}; copy the file '
+                'into the page again:\n' + '\n'.join(list(diff)[:60]))
+    return None
+
+
+@pytest.mark.parametrize('block', EXAMPLES, ids=_script_id)
+def test_an_inlined_example_is_its_file_as_the_suite_runs_it(block):
+    drift = example_drift(block)
+    assert drift is None, drift
+
+
+def test_every_example_is_shown_inline_on_a_page():
+    shown = {b.example for b in EXAMPLES}
+    files = {f'examples/{p.name}' for p in (ROOT / 'examples').glob('*.py')}
+    assert files and files <= shown, f'not shown on any page: {sorted(files - shown)}'
+
+
+def test_no_page_includes_a_file_through_a_snippet():
+    """A snippet include shows as its marker line where markdown is read as it is."""
+    found = [f'{page.relative_to(ROOT)}:{text.count(chr(10), 0, m.start()) + 1}'
+             for page in PAGES if page not in SNIPPET_PAGES
+             for text in [page.read_text()] for m in _SNIPPET_LINE.finditer(text)]
+    assert not found, f'snippet includes (inline the code instead): {found}'
+
+
+def test_the_drift_check_names_the_changed_line(tmp_path):
+    page = tmp_path / 'page.md'
+    text = (ROOT / 'examples' / 'quickstart.py').read_text()
+    page.write_text(f'```python title="examples/quickstart.py"\n{text}```\n')
+    (same,) = blocks_of(page)
+    same.page = ROOT / 'docs' / 'page.md'  # where() is relative to the checkout
+    assert same.example == 'examples/quickstart.py' and example_drift(same) is None
+    same.body = same.body.replace('lr=0.5', 'lr=0.1')
+    drift = example_drift(same)
+    assert drift and '-    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)' in drift
+    assert '+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)' in drift
 
 
 def _commands(body: str) -> list:

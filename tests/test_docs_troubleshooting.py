@@ -468,3 +468,55 @@ def test_torch_jit_script_drops_the_decorators(script):
     assert head(torch.ones(2, 4)).dtype == torch.bfloat16  # eager: @auto_fp16 acts
     scripted = script(head)
     assert scripted(torch.ones(2, 4)).dtype == torch.float32  # scripted: it does not
+
+
+# ---------------------------------------------------------------- torchvision::nms
+
+TORCHVISION = 'torchvision-nms.md'
+QUOTED_NMS = 'RuntimeError: operator torchvision::nms does not exist'
+
+
+def test_the_nms_error_is_the_one_torch_gives_for_an_operator_never_loaded():
+    """torchvision registers a fake kernel for ``torchvision::nms`` as it is imported;
+    without its compiled operators torch refuses that with the quoted message."""
+    lines = [b for lang, b in blocks(TORCHVISION) if lang == 'text'][0].splitlines()
+    assert lines[-1] == QUOTED_NMS
+    assert '@torch.library.register_fake("torchvision::nms")' in [ln.strip() for ln in lines]
+    assert 'import torchvision' in [ln.strip() for ln in lines]  # mmcv's runner imports it
+    if not hasattr(torch.library, 'register_fake'):
+        pytest.skip('torch.library.register_fake does not exist in this torch')
+    absent = 'fp16utils_docs_absent::nms'  # a namespace no library defines
+    with pytest.raises(RuntimeError) as caught:
+        torch.library.register_fake(absent)(lambda dets, scores, iou_threshold: dets)
+    quoted = QUOTED_NMS.replace('torchvision::nms', absent)
+    assert f'{type(caught.value).__name__}: {caught.value}' == quoted
+
+
+def test_the_nms_page_pairs_torchvision_with_torch_as_the_install_page_and_ci_do():
+    page = ' '.join((DOCS / TORCHVISION).read_text().split())
+    install = (ROOT / 'docs' / 'getting-started' / 'install.md').read_text()
+    torch_pin = re.search(r'^TIER_TORCH=([0-9.]+)$', (ROOT / '.ci' / '_tier.sh').read_text(),
+                          re.M).group(1)
+    vision_pin = re.search(r'torchvision==([0-9.]+)', (ROOT / '.ci' / 'consumers').read_text()
+                           ).group(1)
+    command = f'pip install torchvision=={vision_pin} --index-url https://download.pytorch.org/whl/cpu'
+    assert command in page and command in install
+    assert f'torch=={torch_pin} torchvision=={vision_pin} --index-url' in page
+    vision, torch_release = vision_pin.rsplit('.', 1)[0], torch_pin.rsplit('.', 1)[0]
+    assert f'torchvision {vision} goes with torch {torch_release}' in page
+    assert f'(torchvision {vision_pin} goes with torch {torch_pin})' in ' '.join(install.split())
+    # The symptom table sends the message to the page, and the site lists it.
+    index = (DOCS / 'index.md').read_text()
+    row = next(line for line in index.splitlines() if QUOTED_NMS in line)
+    assert f'({TORCHVISION})' in row
+    assert f'troubleshooting/{TORCHVISION}' in (ROOT / 'mkdocs.yml').read_text()
+
+
+def test_the_nms_check_block_names_the_installed_pair(tmp_path, monkeypatch):
+    block = next(b for b in scripts(TORCHVISION) if "requires('torchvision')" in b)
+    _, printed = run(block, f'{TORCHVISION}: check', tmp_path, monkeypatch)
+    assert printed[0] == f'torch {torch.__version__}'
+    assert len(printed) == 3
+    if importlib.util.find_spec('torchvision') is None:
+        assert printed[1:] == ['torchvision is not installed',
+                               "ModuleNotFoundError: No module named 'torchvision'"]

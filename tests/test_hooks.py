@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import sys
 
 import _caps  # tests/ is on sys.path: see conftest.py
 import _runner as R
@@ -258,7 +259,7 @@ def test_allreduce_grads_is_a_no_op_without_a_process_group():
     assert p.grad.tolist() == [5.0, 5.0, 5.0]
 
 
-def _gloo_worker(rank, world_size, init_file, results):
+def _gloo_worker(rank, world_size, init_file, out_dir):
     dist.init_process_group('gloo', init_method=f'file://{init_file}', rank=rank,
                             world_size=world_size)
     try:
@@ -269,22 +270,33 @@ def _gloo_worker(rank, world_size, init_file, results):
         q = nn.Parameter(torch.zeros(2))
         q.grad = torch.full((2,), float(rank * 4))
         hooks_mod._allreduce_grads([q], coalesce=False)
-        results[rank] = [p.grad.flatten().tolist() for p in ps] + [q.grad.tolist()]
+        result = [p.grad.flatten().tolist() for p in ps] + [q.grad.tolist()]
+        out = os.path.join(out_dir, f'rank{rank}.pt')
+        torch.save(result, out + '.tmp')
+        os.replace(out + '.tmp', out)
+        dist.barrier()
     finally:
         dist.destroy_process_group()
+    # Exit without the interpreter's teardown, which races gloo's threads (they outlive
+    # destroy_process_group) and can abort a worker whose work is done (see _dist_worker).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 @pytest.mark.multiprocess
-def test_allreduce_grads_with_two_real_processes(tmp_path):
+def test_allreduce_grads_with_two_real_processes(tmp_path, monkeypatch):
     if not dist.is_available():
         pytest.skip('torch.distributed is not available')
     import torch.multiprocessing as mp
-    manager = mp.Manager()
-    results = manager.dict()
-    os.environ.setdefault('GLOO_SOCKET_IFNAME', 'lo')
-    mp.spawn(_gloo_worker, args=(2, str(tmp_path / 'init'), results), nprocs=2, join=True)
+
+    # Results come back in files: a multiprocessing Manager would fork this process,
+    # which may hold gloo threads of an earlier in-process group.
+    monkeypatch.setenv('GLOO_SOCKET_IFNAME', os.environ.get('GLOO_SOCKET_IFNAME', 'lo'))
+    mp.spawn(_gloo_worker, args=(2, str(tmp_path / 'init'), str(tmp_path)), nprocs=2,
+             join=True)
     expected = [[1.5] * 3, [1.5] * 4, [2.0, 2.0]]
-    assert results[0] == expected and results[1] == expected
+    assert [torch.load(tmp_path / f'rank{r}.pt') for r in range(2)] == [expected, expected]
 
 
 def test_old_torch_makes_the_hook_legacy(monkeypatch):

@@ -30,7 +30,7 @@ def readme_commands() -> list[str]:
 
 def test_readme_gives_the_install_the_demo_and_the_test_command():
     commands = readme_commands()
-    assert 'pip install -e .' in commands
+    assert 'pip install -e .' in [line for c in commands for line in c.splitlines()]
     assert any(re.fullmatch(r'fp16utils demo( --steps \d+)?', c) for c in commands), commands
     assert TEST_COMMAND in commands
 
@@ -43,6 +43,62 @@ def test_ci_runs_exactly_the_readme_test_command_after_torch():
     torch_line = next(i for i, ln in enumerate(lines) if 'torch==2.13.0' in ln)
     assert torch_line < lines.index(TEST_COMMAND)
     assert 'set -euo pipefail' in lines
+
+
+#: Where PyTorch serves its CPU-only wheels.
+CPU_INDEX = 'https://download.pytorch.org/whl/cpu'
+#: How README.md says to build the site.
+DOCS_COMMAND = 'pip install -e ".[docs]" && mkdocs build --strict'
+
+
+def readme_section(title: str) -> str:
+    """The text of README.md's ``## title`` section."""
+    text = ROOT.joinpath('README.md').read_text()
+    return re.search(rf'^## {re.escape(title)}\n(.*?)(?=^## |\Z)', text, re.M | re.S).group(1)
+
+
+def test_readme_install_puts_the_cpu_only_torch_before_the_project():
+    install = [line.split('#')[0].strip() for block in re.findall(
+        r'```bash\n(.+?)```', readme_section('Install'), re.S) for line in block.splitlines()]
+    torch_cpu = f'pip install torch --index-url {CPU_INDEX}'
+    assert torch_cpu in install and 'pip install -e .' in install, install
+    assert install.index(torch_cpu) < install.index('pip install -e .')
+    # The install page gives the same index for its pinned CPU build.
+    page = ROOT.joinpath('docs', 'getting-started', 'install.md').read_text()
+    assert re.search(rf'^pip install torch==[0-9.]+ --index-url {re.escape(CPU_INDEX)}$',
+                     page, re.M)
+
+
+def test_readme_says_why_the_quick_start_uses_bfloat16_without_promising_speed():
+    text = ' '.join(readme_section('In short').split('```python')[0].split())
+    assert 'runs fast' not in text, text
+    assert 'needs no loss scaling' in text and 'slower than float32' in text, text
+
+
+def _docs_tier_pins() -> dict:
+    """The PINS of .ci/docs: name (lower case) -> version."""
+    script = ROOT.joinpath('.ci', 'docs').read_text()
+    pins = re.search(r'^PINS=\((.*?)\)$', script, re.M | re.S).group(1).split()
+    return {p.split('==')[0].lower(): p.split('==')[1] for p in pins}
+
+
+def test_the_docs_extra_pins_what_the_docs_tier_installs():
+    extra = _setup_keyword('extras_require')['docs']
+    pinned = dict(r.lower().split('==') for r in extra)
+    assert all('==' in r for r in extra), extra
+    assert {'mkdocs', 'mkdocs-material', 'mkdocstrings', 'mkdocstrings-python'} <= set(pinned)
+    # A formatter: with separate_signature, mkdocstrings formats long signatures with it.
+    assert {'ruff', 'black'} & set(pinned), extra
+    assert re.search(r'^\s+separate_signature: true$',
+                     ROOT.joinpath('mkdocs.yml').read_text(), re.M)
+    tier = _docs_tier_pins()
+    assert {name: tier.get(name) for name in pinned} == pinned
+
+
+def test_readme_and_the_install_page_give_the_docs_command():
+    assert f'`{DOCS_COMMAND}`' in readme_section('Development')
+    page = ROOT.joinpath('docs', 'getting-started', 'install.md').read_text()
+    assert 'pip install -e ".[docs]"' in page and '`mkdocs build --strict`' in page
 
 
 def test_runtime_dependencies_are_torch_numpy_packaging_only():

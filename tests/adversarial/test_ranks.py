@@ -30,20 +30,17 @@ SCALED = [1024.0] * F + [512.0] * (N - F)
 
 @pytest.fixture(scope='module')
 def ranks(tmp_path_factory):
-    return launch_workers(tmp_path_factory.mktemp('ranks'), 'ranks', timeout=90,
-                          script=K.__file__)
+    return launch_workers(tmp_path_factory.mktemp('ranks'), 'ranks', script=K.__file__)
 
 
 @pytest.fixture(scope='module')
 def fsdp(tmp_path_factory):
-    return launch_workers(tmp_path_factory.mktemp('fsdp2'), 'fsdp2', timeout=90,
-                          script=K.__file__)
+    return launch_workers(tmp_path_factory.mktemp('fsdp2'), 'fsdp2', script=K.__file__)
 
 
 @pytest.fixture(scope='module')
 def raises(tmp_path_factory):
-    return launch_workers(tmp_path_factory.mktemp('raises'), 'raises', timeout=90,
-                          script=K.__file__)
+    return launch_workers(tmp_path_factory.mktemp('raises'), 'raises', script=K.__file__)
 
 
 def both(results, name):
