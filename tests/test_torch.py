@@ -815,3 +815,24 @@ def test_clip_helpers_drop_foreach_where_torch_lacks_it(monkeypatch):
     monkeypatch.undo()
     norm = _torch.clip_grad_norm_([p], max_norm=1.0, foreach=None)
     assert float(norm) == 6.0 and torch.allclose(p.grad.norm(), torch.tensor(1.0))
+
+
+def test_a_probe_first_asked_under_fake_tensor_mode_runs_on_real_tensors():
+    fake_tensor = pytest.importorskip('torch._subclasses.fake_tensor')
+    from fp16utils._torch import probes
+
+    def probe():  # "can" only where it really runs: False on a fake tensor
+        return not isinstance(torch.ones(1), fake_tensor.FakeTensor)
+
+    key = ('fake-mode-test', 'cpu', None)
+    probes._probe_cache.pop(key, None)
+    try:
+        with fake_tensor.FakeTensorMode():
+            inside = probes._cached_probe(*key, probe)
+        outside = probes._cached_probe(*key, probe)
+        assert outside is True
+        # Where torch can set the modes aside the real answer is given and kept; else
+        # "cannot", and nothing kept.
+        assert inside is (probes._disable_current_modes is not None)
+    finally:
+        probes._probe_cache.pop(key, None)

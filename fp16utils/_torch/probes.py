@@ -16,9 +16,13 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from .state import dispatch_mode_active as _dispatch_mode_active
 from .tracing import is_compiling as _is_compiling
 
 __all__ = ['device_present']
+
+_disable_current_modes = getattr(getattr(torch.utils, '_python_dispatch', None),
+                                 '_disable_current_modes', None)
 
 #: (kind, device type, dtype or class) -> what the probe answered. Tests fill it in.
 _probe_cache: dict[tuple[str, str, Any], bool] = {}
@@ -34,20 +38,35 @@ def known_answer(kind: str, device_type: str, dtype: Any) -> Optional[bool]:
     return _probe_cache.get((kind, device_type, dtype))
 
 
+def _run_probe(probe: Callable[[], bool]) -> bool:
+    """``probe()``, warnings silenced; an exception means False."""
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        try:
+            return bool(probe())
+        except Exception:  # noqa: BLE001 - whatever torch raises means "cannot"
+            return False
+
+
 def _cached_probe(kind: str, device_type: str, dtype: Any,
                   probe: Callable[[], bool]) -> bool:
-    """``probe()`` once per key (an exception means False); never inside a trace."""
+    """``probe()`` once per key (an exception means False); never inside a trace.
+
+    Under a dispatch mode (``FakeTensorMode``: every operation "works") the probe
+    runs on real tensors, with the modes set aside.
+    """
     key = (kind, device_type, dtype)
     ok = _probe_cache.get(key)
     if ok is None:
         if _is_compiling():  # never probe inside a trace: "cannot", and nothing kept
             return False
-        with warnings.catch_warnings():
-            warnings.simplefilter('ignore')
-            try:
-                ok = bool(probe())
-            except Exception:  # noqa: BLE001 - whatever torch raises means "cannot"
-                ok = False
+        if _dispatch_mode_active():
+            if _disable_current_modes is None:  # cannot step outside: nothing kept
+                return False
+            with _disable_current_modes():
+                ok = _run_probe(probe)
+        else:
+            ok = _run_probe(probe)
         _probe_cache[key] = ok
     return ok
 
