@@ -33,9 +33,9 @@ def _cpu_float16_lacks() -> str | None:
 
     from fp16utils import _torch
 
-    if not _torch.kernels_support('cpu', torch.float16):
+    if not _torch.caps.kernels_support('cpu', torch.float16):
         return 'torch has no float16 matrix kernels on cpu here'
-    return _torch.native_reason('cpu', torch.float16)
+    return _torch.caps.native_reason('cpu', torch.float16)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:

@@ -34,7 +34,7 @@ setup(
                  'mkdocstrings-python==2.0.11', 'pymdown-extensions==13.1.2',
                  'ruff==0.17.6'],
     },
-    entry_points={'console_scripts': ['fp16utils=fp16utils.cli:main']},
+    entry_points={'console_scripts': ['fp16utils=fp16utils.tools.cli:main']},
     classifiers=[
         'Programming Language :: Python :: 3',
         'Topic :: Scientific/Engineering :: Artificial Intelligence',

@@ -22,9 +22,9 @@ def cannot_measure(device_type: str, dtype: torch.dtype, grad_scaler: bool = Fal
     """
     name = str(dtype).replace('torch.', '')
     version = torch.__version__
-    if not _torch.kernels_support(device_type, dtype):
+    if not _torch.caps.kernels_support(device_type, dtype):
         return f'torch {version} has no {name} matrix kernels on {device_type}'
-    if not _torch.autocast_supports(device_type, dtype):
+    if not _torch.autocast.autocast_supports(device_type, dtype):
         return f'torch {version} has no {name} autocast on {device_type}'
     if grad_scaler and getattr(getattr(torch, 'amp', None), 'GradScaler', None) is None:
         return f'torch {version} has no torch.amp.GradScaler(device) (torch 2.3 and newer)'

@@ -288,7 +288,7 @@ def time_steps(step: Step, data: List[Batch], steps: int, device: str) -> float:
 def bench_model(name: str, model_cls: type, make_x: Callable, batch_size: int,
                 args: argparse.Namespace) -> Tuple[int, List[Tuple[str, float, float]]]:
     device = args.device
-    dtype = fp16utils._torch.resolve_dtype(args.dtype)
+    dtype = fp16utils._torch.dtypes.resolve_dtype(args.dtype)
     data = make_data(make_x, batch_size, device)
     steps = {label: make(model_cls, device, dtype) for label, make in VARIANTS.items()}
     for step in steps.values():  # warm up: first-call costs, the scaler settling
@@ -344,7 +344,7 @@ def _ddp_worker(rank: int, world_size: int, init_file: str, args: argparse.Names
                             world_size=world_size)
     torch.set_num_threads(1)
     logging.getLogger('fp16utils').setLevel(logging.ERROR)
-    dtype = fp16utils._torch.resolve_dtype(args.dtype)
+    dtype = fp16utils._torch.dtypes.resolve_dtype(args.dtype)
     for name, (model_cls, make_x, batch_size) in MODELS.items():
         data = make_data(make_x, batch_size, 'cpu')
         steps = ddp_variants(model_cls, dtype)
@@ -405,7 +405,7 @@ def main(argv: List[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.quick:
         args.steps, args.repeats, args.warmup, args.min_block = 5, 3, 3, 0.02
-    dtype = fp16utils._torch.resolve_dtype(args.dtype)
+    dtype = fp16utils._torch.dtypes.resolve_dtype(args.dtype)
     why = cannot_measure(torch.device(args.device).type, dtype, grad_scaler=True)
     if why:
         parser.exit(2, f'{parser.prog}: cannot measure {args.dtype} here: {why}\n')

@@ -21,14 +21,13 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports
-    from ._torch import TORCH_VERSION, digit_version, has_native_amp
+    from ._torch.versions import TORCH_VERSION, digit_version, has_native_amp
     from .cast import cast_tensor_type
     from .debug import NonFiniteRecord, OverflowReport, find_overflow, nonfinite_summary
     from .decorators import auto_fp16, force_fp32
     from .engine import StepResult
-    from .followers import skip_aware
-    from .hooks import Fp16OptimizerHook, GradientCumulativeFp16OptimizerHook
-    from .keep import keep_fp32, kept_fp32
+    from .fp32_modules import keep_fp32, kept_fp32
+    from .hooks.optimizer import Fp16OptimizerHook, GradientCumulativeFp16OptimizerHook
     from .migrate import (
         ConfigConversionError,
         FileChange,
@@ -44,6 +43,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
     from .optim import AmpOptimWrapper, OptimWrapper, OptimWrapperDict, build_optim_wrapper
     from .precision import precision_support
     from .scaler import LossScaler
+    from .skip_proxy import skip_aware
     from .wrap import patch_forward_method, patch_norm_fp32, wrap_fp16_model
 
 __version__ = '0.1.0'
@@ -92,9 +92,9 @@ __all__ = [
 #: The submodule that defines each public name; imported on first access (PEP 562), so
 #: ``import fp16utils`` and ``import fp16utils.migrate`` do not import torch.
 _EXPORTS = {
-    'TORCH_VERSION': '_torch',
-    'digit_version': '_torch',
-    'has_native_amp': '_torch',
+    'TORCH_VERSION': '_torch.versions',
+    'digit_version': '_torch.versions',
+    'has_native_amp': '_torch.versions',
     'cast_tensor_type': 'cast',
     'NonFiniteRecord': 'debug',
     'OverflowReport': 'debug',
@@ -103,11 +103,11 @@ _EXPORTS = {
     'auto_fp16': 'decorators',
     'force_fp32': 'decorators',
     'StepResult': 'engine',
-    'skip_aware': 'followers',
+    'skip_aware': 'skip_proxy',
     'Fp16OptimizerHook': 'hooks',
     'GradientCumulativeFp16OptimizerHook': 'hooks',
-    'keep_fp32': 'keep',
-    'kept_fp32': 'keep',
+    'keep_fp32': 'fp32_modules',
+    'kept_fp32': 'fp32_modules',
     'patch_mmcv': 'mmcv',
     'unpatch_mmcv': 'mmcv',
     'ConfigConversionError': 'migrate',
@@ -130,7 +130,7 @@ _EXPORTS = {
     'wrap_fp16_model': 'wrap',
 }
 #: The submodules that ``import fp16utils`` used to bind; reached by attribute too.
-_SUBMODULES = frozenset(_EXPORTS.values())
+_SUBMODULES = frozenset(m for m in _EXPORTS.values() if '.' not in m)
 
 
 def __getattr__(name: str) -> Any:

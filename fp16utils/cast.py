@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ._torch import is_compiling as _is_compiling
+from ._torch.tracing import is_compiling as _is_compiling
 
 __all__ = ['MAX_DEPTH', 'cast_tensor_type']
 

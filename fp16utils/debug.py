@@ -35,7 +35,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Tuple, Union
 import torch
 from torch import nn
 
-from . import _torch
+from ._torch import compat
 from .records import ROOT_NAME, NonFiniteRecord, OverflowReport
 
 __all__ = ['NonFiniteRecord', 'OverflowReport', 'find_overflow', 'nonfinite_summary']
@@ -290,7 +290,7 @@ class _Watcher:
                     self.report.unwatched.append(name)
                     inside_scripted.update(id(m) for m in module.modules())
                 continue
-            handle = _torch.register_forward_hook_with_kwargs(
+            handle = compat.register_forward_hook_with_kwargs(
                 module, _bind(self.forward_hook, name))
             self.handles.append(handle)
 

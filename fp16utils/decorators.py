@@ -30,8 +30,8 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, TypeVar
 import torch
 from torch import nn
 
-from . import _torch
 from ._cast_plan import CastPlan, cast_positional
+from ._torch import autocast, dtypes, models, versions
 from .cast import _cast, _device_type
 
 __all__ = ['auto_fp16', 'force_fp32']
@@ -58,7 +58,7 @@ def _instance_attr(obj: Any, name: str, default: Any) -> Any:
 
 
 #: Device type of a module's first parameter or buffer ('cpu' if none); bound once.
-_module_device_type = _torch.module_device_type
+_module_device_type = models.module_device_type
 
 
 def _check_decorator_args(decorator: str, apply_to: Any, flag_name: str, flag: Any,
@@ -94,7 +94,7 @@ def _owner_dtype(owner: Any) -> torch.dtype:
     """The low-precision dtype an instance asks for (``fp16_dtype``, else float16)."""
     value = _instance_attr(owner, 'fp16_dtype', None)
     try:
-        return _torch.resolve_dtype(value)
+        return dtypes.resolve_dtype(value)
     except ValueError as err:
         raise ValueError(f'{type(owner).__name__}.fp16_dtype: {err}') from None
 
@@ -102,7 +102,7 @@ def _owner_dtype(owner: Any) -> torch.dtype:
 def _uses_autocast(module: Any) -> bool:
     flag = _instance_attr(module, '_fp16_autocast', None)
     if flag is None:
-        return _torch.default_backend() == 'native'
+        return versions.default_backend() == 'native'
     return bool(flag)
 
 
@@ -170,7 +170,7 @@ def fp32_plan(func: Callable[..., Any]) -> CastPlan:
 def run_fp32(plan: CastPlan, func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
     """Call ``func`` as ``@force_fp32`` does: half arguments to float32, autocast off.
 
-    The core that :func:`force_fp32` and :func:`fp16utils.keep.keep_fp32` share:
+    The core that :func:`force_fp32` and :func:`fp16utils.fp32_modules.keep_fp32` share:
     the float16/bfloat16 arguments ``plan`` names become float32 and, where
     autocast is on for their device, ``func`` runs with it turned off. The
     output is returned as it is.
@@ -197,8 +197,8 @@ def run_fp32(plan: CastPlan, func: Callable[..., Any], args: tuple, kwargs: dict
         device_type = seen[0] if seen else None
     if device_type is None:
         device_type = _find_device_type(args, kwargs, ())
-    if _torch.has_native_amp() and _torch.autocast_state(device_type)[0]:
-        return _torch.call_autocast(device_type, None, False, func, *args, **kwargs)
+    if versions.has_native_amp() and autocast.autocast_state(device_type)[0]:
+        return autocast.call_autocast(device_type, None, False, func, *args, **kwargs)
     return func(*args, **kwargs)
 
 
@@ -263,7 +263,7 @@ def auto_fp16(apply_to: Optional[Iterable[str]] = None, out_fp32: bool = False,
     """
     supported_types = _check_decorator_args('auto_fp16', apply_to, 'out_fp32', out_fp32,
                                             supported_types)
-    fixed_dtype = None if dtype is None else _torch.resolve_dtype(dtype)
+    fixed_dtype = None if dtype is None else dtypes.resolve_dtype(dtype)
 
     def decorator(func: F) -> F:
         plan = CastPlan(func, apply_to, 'auto_fp16')
@@ -289,11 +289,11 @@ def auto_fp16(apply_to: Optional[Iterable[str]] = None, out_fp32: bool = False,
                     device_type = _find_device_type(args, kwargs, ())
                 # Already on in that dtype (a nested call): run as is. The one-call
                 # question first: most calls come from outside any autocast.
-                if _torch.any_autocast_enabled() and (
-                        _torch.autocast_state(device_type) == (True, low)):
+                if autocast.any_autocast_enabled() and (
+                        autocast.autocast_state(device_type) == (True, low)):
                     output = func(*args, **kwargs)
                 else:
-                    output = _torch.call_autocast(device_type, low, True, func,
+                    output = autocast.call_autocast(device_type, low, True, func,
                                                   *args, **kwargs)
             else:
                 output = func(*args, **kwargs)
@@ -361,9 +361,9 @@ def force_fp32(apply_to: Optional[Iterable[str]] = None, out_fp16: bool = False,
         def idle(args: tuple, kwargs: dict) -> Any:
             # No fp16_enabled flag: float32 all the same where autocast is on for the
             # arguments' device (a 1.x whole-forward autocast), else untouched.
-            if not _torch.any_autocast_enabled():
+            if not autocast.any_autocast_enabled():
                 return func(*args, **kwargs)
-            enabled, low = _torch.autocast_state(_find_device_type(args, kwargs, ()))
+            enabled, low = autocast.autocast_state(_find_device_type(args, kwargs, ()))
             if not enabled:
                 return func(*args, **kwargs)
             output = run_fp32(plan, func, args, kwargs)

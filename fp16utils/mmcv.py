@@ -43,10 +43,10 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 import torch
 from torch import nn
 
-from . import _torch
-from . import hooks as _hooks
+from ._torch import dtypes, versions
 from .cast import cast_tensor_type
 from .decorators import auto_fp16, force_fp32
+from .hooks import optimizer as _hooks
 from .scaler import LossScaler
 from .wrap import patch_forward_method, patch_norm_fp32
 from .wrap import wrap_fp16_model as _wrap_fp16_model
@@ -249,8 +249,8 @@ def patch_mmcv(dtype: Union[torch.dtype, str, None] = None,
         >>> 'mmcv.runner.auto_fp16' in replaced  # doctest: +SKIP
         True
     """
-    low = None if dtype is None else _torch.resolve_dtype(dtype)
-    chosen = None if backend is None else _torch.resolve_backend(backend)
+    low = None if dtype is None else dtypes.resolve_dtype(dtype)
+    chosen = None if backend is None else versions.resolve_backend(backend)
     runner = _import_mmcv_runner()
     if _patch.runner is not None and _patch.runner is not runner:
         unpatch_mmcv()  # another mmcv was patched (it left sys.modules): forget it

@@ -1,7 +1,7 @@
 """The MMEngine plug-in: this package's optimizer wrappers inside MMEngine's own Runner.
 
 Importing it (in a config: ``custom_imports=dict(imports=['fp16utils.mmengine'])``)
-registers, under names of their own (``fp16utils._spec.PLUGIN_NAMES``):
+registers, under names of their own (``fp16utils._args.spec.PLUGIN_NAMES``):
 
 - in ``OPTIM_WRAPPERS``: ``Fp16utilsOptimWrapper``, ``Fp16utilsAmpOptimWrapper``
   and ``Fp16utilsOptimWrapperDict``: this package's wrappers, also instances of
@@ -48,8 +48,8 @@ except ImportError as _err:
     ) from _err
 from torch import nn
 
-from . import _torch
-from ._spec import PLUGIN_NAMES
+from ._args.spec import PLUGIN_NAMES
+from ._torch import models
 from .optim import AmpOptimWrapper, OptimWrapper, OptimWrapperDict
 from .optim.constructor import check_paramwise_cfg, paramwise_groups
 
@@ -209,7 +209,7 @@ class Fp16utilsOptimWrapperConstructor:
                                                  'optim_wrapper')
 
     def __call__(self, model: nn.Module) -> _MMOptimWrapper:
-        model = _torch.unwrap_model(model, any_wrapper=True)
+        model = models.unwrap_model(model, any_wrapper=True)
         kwargs = dict(self.optimizer_cfg)
         optimizer_cls = _lookup(OPTIMIZERS, kwargs.pop('type', None), 'optimizer')
         params: Any = model.parameters()
@@ -259,7 +259,7 @@ class Fp16utilsMultiOptimWrapperConstructor:
                 entry, entry.pop('paramwise_cfg', None))
 
     def __call__(self, model: nn.Module) -> Fp16utilsOptimWrapperDict:
-        model = _torch.unwrap_model(model, any_wrapper=True)
+        model = models.unwrap_model(model, any_wrapper=True)
         children = dict(model.named_children())
         missing = [name for name in self.constructors if name not in children]
         if missing:

@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 import torch
 
-from . import _torch
+from ._torch import caps, probes
 
 __all__ = ['AUTO', 'auto_dtype', 'precision_summary', 'precision_support']
 
@@ -26,7 +26,7 @@ _LOW = (torch.float16, torch.bfloat16)
 def _parse_device(device: Union[str, torch.device, None], where: str
                   ) -> Tuple[str, Optional[int]]:
     if device is None:
-        return _torch.best_device_type(), None
+        return caps.best_device_type(), None
     if isinstance(device, str):
         try:
             device = torch.device(device)
@@ -40,7 +40,7 @@ def _parse_device(device: Union[str, torch.device, None], where: str
                         f'{type(device).__name__} ({device!r}).')
     if device.type == 'meta':
         raise ValueError(f"{where}: the 'meta' device computes nothing; pass a real device.")
-    if device.type == 'cuda' and device.index is not None and _torch.device_present('cuda'):
+    if device.type == 'cuda' and device.index is not None and probes.device_present('cuda'):
         count = torch.cuda.device_count()
         if device.index >= count:
             raise ValueError(f'{where}: {device} does not exist; this machine has {count} '
@@ -92,11 +92,11 @@ def _levels(device: Any, probe: Any, where: str
     if probe is not None and not callable(probe):
         raise TypeError(f'{where}: probe must be callable as probe(device_type, dtype, index), '
                         f'got {type(probe).__name__}.')
-    levels = {d: _torch.precision_level(device_type, d, index, probe) for d in _LOW}
-    bad = {d: v for d, v in levels.items() if v not in _torch.LEVELS}
+    levels = {d: caps.precision_level(device_type, d, index, probe) for d in _LOW}
+    bad = {d: v for d, v in levels.items() if v not in caps.LEVELS}
     if bad:
         raise ValueError(f'{where}: the probe answered {bad}; it must answer one of '
-                         f'{_torch.LEVELS}.')
+                         f'{caps.LEVELS}.')
     return device_type, index, levels
 
 

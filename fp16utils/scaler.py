@@ -19,8 +19,8 @@ from typing import Any, Callable, Iterable, Mapping, Optional
 
 import torch
 
-from . import _torch
-from ._spec import (
+from ._args.numbers import as_whole, check_window
+from ._args.spec import (
     MIN_LOSS_SCALE,
     MMCV_STATE_KEYS,
     check_scale,
@@ -29,7 +29,7 @@ from ._spec import (
     positive_finite,
     shrink_scale,
 )
-from ._whole import as_whole, check_window
+from ._torch import ops, state
 
 __all__ = ['LossScaler', 'non_finite_check_']
 
@@ -51,7 +51,7 @@ def _flag_tensors(device: Any, factor: float) -> tuple[torch.Tensor, torch.Tenso
     only when ``factor`` changes); it never leaves this module. Under a
     dispatch mode (fake or meta tracing) fresh tensors are made every time.
     """
-    if _torch.dispatch_mode_active():
+    if state.dispatch_mode_active():
         return (torch.zeros(1, dtype=_F32, device=device),
                 torch.full((1,), factor, dtype=_F32, device=device))
     try:
@@ -117,7 +117,7 @@ def _check(tensors: list[torch.Tensor], inv_scale: Optional[float], sparse: bool
     """:func:`non_finite_check_`; ``sparse``: some tensors may be sparse."""
     if not tensors:
         return False
-    fused = _torch.fused_non_finite_check()
+    fused = ops.fused_non_finite_check()
     if inv_scale is None and fused is not None and tensors[0].is_cpu:
         # The common case, a pure check of CPU tensors: one call, no grouping.
         # Whatever the kernel refuses (a sparse or non-CPU tensor, a dtype it
@@ -133,7 +133,7 @@ def _check(tensors: list[torch.Tensor], inv_scale: Optional[float], sparse: bool
             else:
                 return _read(found, reduce)
     if sparse:
-        tensors = [_torch.sparse_values(t) if t.is_sparse else t for t in tensors]
+        tensors = [ops.sparse_values(t) if t.is_sparse else t for t in tensors]
     return _grouped_check_(tensors, fused, 1.0 if inv_scale is None else float(inv_scale),
                            reduce)
 
@@ -141,7 +141,7 @@ def _check(tensors: list[torch.Tensor], inv_scale: Optional[float], sparse: bool
 def _grouped_check_(tensors: list[torch.Tensor], fused: Any, factor: float,
                     reduce: Any = None) -> bool:
     """The fused kernel once per (device, dtype) group; one sync in all."""
-    groups = _torch.group_by_device_and_dtype(tensors)
+    groups = ops.group_by_device_and_dtype(tensors)
     found: dict[Any, torch.Tensor] = {}
     scales: dict[Any, torch.Tensor] = {}
     for (device, dtype), group in groups:
@@ -179,7 +179,7 @@ class LossScaler:
     In ``'dynamic'`` mode the scale is divided by ``scale_factor`` (never
     below 1, and never raised: a scale already below 1 stays) after an
     overflow, and multiplied by it after every ``scale_window`` clean
-    iterations since the last overflow, up to :data:`~fp16utils._spec.MAX_LOSS_SCALE`
+    iterations since the last overflow, up to :data:`~fp16utils._args.spec.MAX_LOSS_SCALE`
     (2**127, the largest power of two a float32 holds). In ``'static'``
     mode the scale never changes; an overflow is still detected, so a
     non-finite gradient is never applied.

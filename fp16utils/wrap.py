@@ -17,10 +17,10 @@ from typing import Any, Callable, Optional, Union
 import torch
 from torch import nn
 
-from . import _torch
-from ._torch import BatchNormBase as _BatchNorm
+from ._torch import caps, dtypes, models
+from ._torch.models import BatchNormBase as _BatchNorm
 from .cast import _cast
-from .keep import Fp32Modules, keep_fp32, match_modules
+from .fp32_modules import Fp32Modules, keep_fp32, match_modules
 
 __all__ = ['patch_forward_method', 'patch_norm_fp32', 'wrap_fp16_model']
 
@@ -129,7 +129,7 @@ def patch_norm_fp32(module: nn.Module, dtype: Union[torch.dtype, str] = torch.fl
     """
     if not isinstance(module, nn.Module):
         raise TypeError(f'patch_norm_fp32() takes an nn.Module, got {type(module).__name__}.')
-    low = _torch.resolve_dtype(dtype)
+    low = dtypes.resolve_dtype(dtype)
     _refuse_scripted(module, 'patch_norm_fp32()')
     _patch_norms(module, low)
     return module
@@ -217,9 +217,9 @@ def wrap_fp16_model(model: nn.Module, dtype: Union[torch.dtype, str, None] = Non
     if not isinstance(model, nn.Module):
         raise TypeError(
             f'wrap_fp16_model() takes an nn.Module, got {type(model).__name__}.')
-    low = _torch.resolve_dtype(dtype)
+    low = dtypes.resolve_dtype(dtype)
     # None falls back to 'legacy' where autocast cannot run low (or this model's norms) there.
-    backend = _torch.backend_for(backend, _torch.module_device_type(model), low, model)
+    backend = caps.backend_for(backend, models.module_device_type(model), low, model)
     match_modules(model, fp32_modules, 'wrap_fp16_model(fp32_modules=...)')  # before changes
     if backend == 'legacy':
         _refuse_scripted(model, "wrap_fp16_model(backend='legacy')")

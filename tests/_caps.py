@@ -26,12 +26,12 @@ def cpu_lacks(dtype: torch.dtype, backend: Optional[str] = None,
     CPU GradScaler.
     """
     name = NAMES[dtype]
-    if not _torch.kernels_support('cpu', dtype):
+    if not _torch.caps.kernels_support('cpu', dtype):
         return f'torch has no {name} matrix kernels on cpu here'
     if backend == 'native':
-        if not _torch.autocast_supports('cpu', dtype):
+        if not _torch.autocast.autocast_supports('cpu', dtype):
             return f'torch.autocast does not support {name} on cpu here'
-        if scaled and _torch.needs_loss_scaling(dtype) and not _torch.grad_scaler_supports(
+        if scaled and _torch.dtypes.needs_loss_scaling(dtype) and not _torch.caps.grad_scaler_supports(
                 'cpu'):
             return 'torch has no GradScaler for cpu here (torch.amp.GradScaler(device))'
     return None
@@ -60,7 +60,7 @@ CPU_F16 = cpu_lacks(F16) is None
 
 def autocast_now(device_type: str = 'cpu') -> tuple:
     """(enabled, dtype) of autocast on the device, as code running now sees it."""
-    return _torch.autocast_state(device_type)
+    return _torch.autocast.autocast_state(device_type)
 
 
 #: The low dtypes the legacy backend trains in on the CPU here (it needs the kernels only).
@@ -73,13 +73,13 @@ def auto_backend(dtype: torch.dtype) -> Optional[str]:
     """The backend ``backend=None`` picks on the CPU for ``dtype`` (None: unusable)."""
     if cpu_lacks(dtype) is not None:
         return None
-    if _torch.native_reason('cpu', dtype) is not None:
+    if _torch.caps.native_reason('cpu', dtype) is not None:
         return 'legacy'
-    return 'native' if _torch.autocast_norms_support('cpu', dtype) else 'legacy'
+    return 'native' if _torch.caps.autocast_norms_support('cpu', dtype) else 'legacy'
 
 
 #: The dtypes in which a model with float32 norm layers runs natively on the CPU here.
-AUTO_NATIVE = [d for d in LOW_DTYPES if _torch.autocast_norms_support('cpu', d)]
+AUTO_NATIVE = [d for d in LOW_DTYPES if _torch.caps.autocast_norms_support('cpu', d)]
 
 
 def native_norm_dtype() -> torch.dtype:
@@ -111,7 +111,7 @@ def train_dtype(backend: Optional[str] = None) -> torch.dtype:
 def require_native_norms(dtype: torch.dtype) -> None:
     """Skip unless autocast runs ``dtype`` on the CPU and feeds float32 norm layers with it."""
     require(dtype, 'native', scaled=False)
-    if not _torch.autocast_norms_support('cpu', dtype):
+    if not _torch.caps.autocast_norms_support('cpu', dtype):
         pytest.skip('torch.autocast on cpu cannot run float32 GroupNorm/LayerNorm on '
                     f'{NAMES[dtype]} inputs here')
 
@@ -145,7 +145,7 @@ def fullgraph_autocast_state_lacks() -> Optional[str]:
 
     def read(x):
         with torch.autocast('cpu', dtype=BF16):
-            return x.to(_torch.autocast_state('cpu')[1] or F32)
+            return x.to(_torch.autocast.autocast_state('cpu')[1] or F32)
 
     try:
         torch.compile(read, fullgraph=True, backend='eager')(torch.ones(1))

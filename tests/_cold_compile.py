@@ -224,9 +224,9 @@ def _lacks(needs: str) -> Optional[str]:
 
     for need in needs.split():
         kind, _, name = need.partition('-')
-        if kind == 'autocast' and not _torch.autocast_supports('cpu', getattr(torch, name)):
+        if kind == 'autocast' and not _torch.autocast.autocast_supports('cpu', getattr(torch, name)):
             return f'torch.autocast does not support {name} on cpu here'
-        if kind == 'grad' and not _torch.grad_scaler_supports('cpu'):
+        if kind == 'grad' and not _torch.caps.grad_scaler_supports('cpu'):
             return 'torch has no GradScaler for cpu here'
     why = _limitation('fullgraph')
     if why is None and 'export' in needs.split():
@@ -330,7 +330,7 @@ def _run_group(group: str) -> Dict[str, Any]:
     ``imported``: the default backend and the dtypes whose autocast support on the
     CPU the import decided."""
     from fp16utils import _torch
-    from fp16utils._torch import warm
+    from fp16utils._torch import decisions as warm
 
     imported = {'default': _torch.versions._default,  # what importing fp16utils decided
                 'autocast': [d for d in (F16, BF16) if warm.decided('cpu', d)]}

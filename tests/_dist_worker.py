@@ -53,17 +53,17 @@ def clone_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> Dict[str,
 def backend_env(name: Optional[str]) -> Any:
     """Set (or clear) ``FP16UTILS_BACKEND`` for a block, refreshing the cached choice."""
     from fp16utils import _torch
-    old = os.environ.pop(_torch.BACKEND_ENV, None)
+    old = os.environ.pop(_torch.versions.BACKEND_ENV, None)
     if name is not None:
-        os.environ[_torch.BACKEND_ENV] = name
-    _torch.refresh()
+        os.environ[_torch.versions.BACKEND_ENV] = name
+    _torch.decisions.refresh()
     try:
         yield
     finally:
-        os.environ.pop(_torch.BACKEND_ENV, None)
+        os.environ.pop(_torch.versions.BACKEND_ENV, None)
         if old is not None:
-            os.environ[_torch.BACKEND_ENV] = old
-        _torch.refresh()
+            os.environ[_torch.versions.BACKEND_ENV] = old
+        _torch.decisions.refresh()
 
 
 @contextlib.contextmanager
@@ -73,12 +73,12 @@ def simulated_torch(version: str) -> Any:
     saved = _torch.versions.TORCH_VERSION
     with backend_env(None):
         _torch.versions.TORCH_VERSION = version
-        _torch.refresh()
+        _torch.decisions.refresh()
         try:
             yield
         finally:
             _torch.versions.TORCH_VERSION = saved
-            _torch.refresh()
+            _torch.decisions.refresh()
 
 
 # --------------------------------------------------------------------------- distributed

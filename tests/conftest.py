@@ -27,37 +27,37 @@ def low_dtype():
 @pytest.fixture
 def old_torch():
     """Make fp16utils believe torch is 1.5.0 (no native AMP) for one test."""
-    _torch.refresh()
+    _torch.decisions.refresh()
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(_torch.versions, 'TORCH_VERSION', '1.5.0')
-        _torch.refresh()
+        _torch.decisions.refresh()
         yield '1.5.0'
-    _torch.refresh()
+    _torch.decisions.refresh()
 
 
 @pytest.fixture
 def force_backend():
     """Return ``force(name)``, which sets FP16UTILS_BACKEND for one test."""
-    _torch.refresh()
+    _torch.decisions.refresh()
     with pytest.MonkeyPatch.context() as mp:
 
         def force(name):
-            mp.setenv(_torch.BACKEND_ENV, name)
-            _torch.refresh()
+            mp.setenv(_torch.versions.BACKEND_ENV, name)
+            _torch.decisions.refresh()
             return name
 
         yield force
-    _torch.refresh()
+    _torch.decisions.refresh()
 
 
 @pytest.fixture
 def no_backend_env():
     """Unset FP16UTILS_BACKEND for one test, so the choice follows torch."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.delenv(_torch.BACKEND_ENV, raising=False)
-        _torch.refresh()
+        mp.delenv(_torch.versions.BACKEND_ENV, raising=False)
+        _torch.decisions.refresh()
         yield
-    _torch.refresh()
+    _torch.decisions.refresh()
 
 
 @pytest.fixture(scope='module')

@@ -20,7 +20,7 @@ import pytest
 import torch
 from torch import nn
 
-from fp16utils import cli
+from fp16utils.tools import cli
 from fp16utils.optim import AmpOptimWrapper, OptimWrapperDict, build_optim_wrapper
 
 FIXTURES = Path(__file__).parent / 'fixtures' / 'legacy_codebase'
@@ -110,7 +110,7 @@ def test_env_reports_torch_backend_and_cpu_dtypes():
     # One row per dtype: what torch supports, and the backend it leads to (or why none).
     from fp16utils import _torch
     rows = {ln.split()[0]: ln.split(None, 1)[1] for ln in cpu_lines[2:4]}
-    assert rows == dict(_torch.capability_rows('cpu'))
+    assert rows == dict(_torch.caps.capability_rows('cpu'))
     for dtype in (torch.float16, torch.bfloat16):
         text = rows[_caps.NAMES[dtype]]
         assert f'kernels {"no" if _caps.cpu_lacks(dtype) else "yes"}' in text
@@ -354,7 +354,7 @@ def imported_modules(*args: str) -> list[str]:
     # importtime lines: "import time: self [us] | cumulative | module", on stderr
     names = [line.rsplit('|', 1)[1].strip() for line in proc.stderr.splitlines()
              if line.startswith('import time:') and line.count('|') == 2]
-    assert 'fp16utils.cli' in names  # the output was read
+    assert 'fp16utils.tools.cli' in names  # the output was read
     return names
 
 
@@ -398,7 +398,7 @@ def test_bench_refuses_a_helper_module_by_name():
 def test_bench_says_in_one_line_when_torch_cannot_measure(monkeypatch):
     # What a torch without float16 CPU kernels (1.13) answers: exit 2, one line, no table.
     from fp16utils import _torch
-    monkeypatch.setattr(_torch, 'kernels_support', lambda device, dtype: dtype != torch.float16)
+    monkeypatch.setattr(_torch.caps, 'kernels_support', lambda device, dtype: dtype != torch.float16)
     proc = call('bench', 'decorators', '--quick')
     assert proc.returncode == 2 and proc.stdout == ''
     assert proc.stderr.splitlines() == [
@@ -439,7 +439,7 @@ def test_demo_runs_on_cpu_and_prints_the_table():
 
 
 def test_demo_results_are_sane():
-    from fp16utils.demo import run_demo
+    from fp16utils.tools.demo import run_demo
 
     buf = io.StringIO()
     results = run_demo('cpu', steps=12, out=buf)
@@ -461,7 +461,7 @@ def test_demo_results_are_sane():
 
 
 def test_demo_unknown_mode_is_a_clear_error():
-    from fp16utils.demo import run_demo
+    from fp16utils.tools.demo import run_demo
     with pytest.raises(ValueError, match='int8'):
         run_demo('cpu', steps=1, modes=('int8',))
 
@@ -531,7 +531,7 @@ def test_migrate_amp_with_plugin_writes_the_plugin_amp_wrapper(tmp_path):
 
 
 def test_run_reports_a_misspelt_fp16_key_in_one_line(tmp_path, capsys):
-    from fp16utils._script import run_script
+    from fp16utils.tools.run import run_script
 
     script = tmp_path / 'train.py'
     script.write_text(textwrap.dedent('''

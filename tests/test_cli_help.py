@@ -9,8 +9,9 @@ import textwrap
 
 import pytest
 
-from fp16utils import cli, migrate
-from fp16utils._cli_help import HELP
+from fp16utils import migrate
+from fp16utils.tools import cli
+from fp16utils.tools.help import HELP
 
 COMMANDS = sorted(HELP)
 

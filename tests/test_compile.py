@@ -30,13 +30,13 @@ except Exception as err:  # noqa: BLE001 - whatever stops it: no torch.compile h
 @pytest.fixture(autouse=True)
 def _fresh_dynamo(monkeypatch):
     # Unwrapped modules follow the process default backend: make it 'native'.
-    monkeypatch.delenv(_torch.BACKEND_ENV, raising=False)
-    _torch.refresh()
+    monkeypatch.delenv(_torch.versions.BACKEND_ENV, raising=False)
+    _torch.decisions.refresh()
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()
     monkeypatch.undo()  # the environment back first: refresh() reads it now
-    _torch.refresh()
+    _torch.decisions.refresh()
 
 
 class Net(nn.Module):
@@ -335,8 +335,8 @@ def test_backend_env_is_followed_under_compile(monkeypatch, backend, dtype):
     # EnvFlag was not wrapped, so the decorator asks _torch for the process
     # default, which refresh() reads from FP16UTILS_BACKEND (never the trace):
     # compiled code must agree with eager.
-    monkeypatch.setenv(_torch.BACKEND_ENV, backend)
-    _torch.refresh()
+    monkeypatch.setenv(_torch.versions.BACKEND_ENV, backend)
+    _torch.decisions.refresh()
     model = EnvFlag()
     x, y = torch.randn(3, 4), torch.randn(4, 2)
     ref = model(x, y)
@@ -380,43 +380,43 @@ def test_unprobed_autocast_pair_in_a_trace_lets_torch_decide(monkeypatch):
     # decides, and no answer is kept (the next eager call probes for real).
     keys = [('autocast', 'cpu', d) for d in (torch.float16, torch.bfloat16)]
     for key in keys:
-        monkeypatch.delitem(_torch._probe_cache, key)
+        monkeypatch.delitem(_torch.probes._probe_cache, key)
     model = EnvFlag()
     x, y = torch.randn(3, 4), torch.randn(4, 2)
     explained = torch._dynamo.explain(model)(x, y)
     assert explained.graph_break_count == 0, explained.break_reasons
     torch._dynamo.reset()
     out = torch.compile(model, fullgraph=True, backend='eager')(x, y)
-    assert all(key not in _torch._probe_cache for key in keys)
+    assert all(key not in _torch.probes._probe_cache for key in keys)
     ref = model(x, y)
     assert out.dtype == ref.dtype == torch.bfloat16
     _same(out, ref)
-    assert _torch._probe_cache[keys[1]] is True
+    assert _torch.probes._probe_cache[keys[1]] is True
 
 
 @pytest.mark.usefixtures('fullgraph')
 def test_a_probe_reached_in_a_trace_answers_no_and_keeps_nothing(monkeypatch):
     key = ('autocast', 'cpu', torch.bfloat16)
-    monkeypatch.delitem(_torch._probe_cache, key)
+    monkeypatch.delitem(_torch.probes._probe_cache, key)
 
     def scaled(x):
-        return x * 2 if _torch.autocast_supports('cpu', torch.bfloat16) else x
+        return x * 2 if _torch.autocast.autocast_supports('cpu', torch.bfloat16) else x
 
     x = torch.ones(2)
     assert torch.equal(torch.compile(scaled, fullgraph=True, backend='eager')(x), x)
-    assert key not in _torch._probe_cache
+    assert key not in _torch.probes._probe_cache
     assert torch.equal(scaled(x), x * 2)  # eager: the real probe, kept
-    assert _torch._probe_cache[key] is True
+    assert _torch.probes._probe_cache[key] is True
 
 
 def test_a_bad_backend_in_the_environment_fails_compiled_calls_too(monkeypatch):
-    monkeypatch.setenv(_torch.BACKEND_ENV, 'apex')
-    _torch.refresh()  # decided now: the error is kept, the trace reads no environment
+    monkeypatch.setenv(_torch.versions.BACKEND_ENV, 'apex')
+    _torch.decisions.refresh()  # decided now: the error is kept, the trace reads no environment
     model = EnvFlag()
     x, y = torch.randn(3, 4), torch.randn(4, 2)
-    with pytest.raises(ValueError, match=f"{_torch.BACKEND_ENV}='apex'"):
+    with pytest.raises(ValueError, match=f"{_torch.versions.BACKEND_ENV}='apex'"):
         model(x, y)
-    with pytest.raises(ValueError, match=f"{_torch.BACKEND_ENV}='apex'"):
+    with pytest.raises(ValueError, match=f"{_torch.versions.BACKEND_ENV}='apex'"):
         torch.compile(model, backend='eager')(x, y)
     with pytest.raises(Exception, match='FP16UTILS_BACKEND|raised exception|ValueError'):
         torch.compile(model, fullgraph=True, backend='eager')(x, y)
@@ -439,7 +439,7 @@ def test_fp32_modules_left_for_a_compiled_first_context_is_a_clear_error(monkeyp
         torch.compile(forward, fullgraph=True, backend='eager')(torch.ones(2, 8))
     assert kept_fp32(model) == []  # nothing applied inside the trace
     with monkeypatch.context() as mp:  # what the trace raised
-        mp.setattr(_torch, 'is_compiling', lambda: True)
+        mp.setattr(_torch.tracing, 'is_compiling', lambda: True)
         with pytest.raises(RuntimeError, match=r"fp32_modules=\['1'\].*model=model"):
             wrapper.optim_context(model)
     assert kept_fp32(model) == []

@@ -14,9 +14,9 @@ PAGE = Path(__file__).resolve().parents[1] / 'docs' / 'reference' / 'compatibili
 def test_every_example_of_the_compatibility_page_runs():
     # The page wraps a model for float16 on the native backend, as the doctests that
     # train in float16 do: the same rule as the root conftest's for those.
-    if not _torch.kernels_support('cpu', torch.float16):
+    if not _torch.caps.kernels_support('cpu', torch.float16):
         pytest.skip('torch has no float16 matrix kernels on cpu here')
-    why = _torch.native_reason('cpu', torch.float16)
+    why = _torch.caps.native_reason('cpu', torch.float16)
     if why is not None:
         pytest.skip(why)
     results = doctest.testfile(str(PAGE), module_relative=False, verbose=False, report=True,

@@ -142,7 +142,7 @@ def _sections(page: Path) -> dict:
 
 
 def _subcommands() -> dict:
-    from fp16utils.cli import build_parser
+    from fp16utils.tools.cli import build_parser
 
     parser = build_parser()
     action = next(a for a in parser._actions if a.__class__.__name__ == '_SubParsersAction')
@@ -168,7 +168,7 @@ def test_the_cli_page_has_a_section_per_subcommand_with_every_option():
 
 
 def test_the_cli_page_gives_each_subcommands_exit_codes_as_its_help_does():
-    from fp16utils._cli_help import HELP
+    from fp16utils.tools.help import HELP
 
     sections = _sections(DOCS / 'reference' / 'cli.md')
     for name, text in HELP.items():
@@ -181,7 +181,7 @@ def test_the_cli_page_gives_each_subcommands_exit_codes_as_its_help_does():
 
 
 def test_the_cli_page_documents_the_top_level_options():
-    from fp16utils.cli import build_parser
+    from fp16utils.tools.cli import build_parser
 
     page = (DOCS / 'reference' / 'cli.md').read_text()
     for action in build_parser()._actions:
@@ -248,7 +248,7 @@ def test_the_optim_wrapper_keys_are_what_the_builder_and_the_wrapper_take():
 
 
 def test_the_loss_scale_keys_are_the_scaler_arguments_of_both_vocabularies():
-    from fp16utils import _spec
+    from fp16utils._args import spec as _spec
 
     keys = _key_table(_config_sections()['loss-scale'])
     assert set(keys) == set(_spec.GRAD_SCALER_ARGS) | set(_spec.LOSS_SCALER_ARGS)
@@ -267,7 +267,7 @@ def test_the_loss_scale_keys_are_the_scaler_arguments_of_both_vocabularies():
 
 
 def test_the_clip_grad_keys_are_what_each_kind_of_clipping_takes():
-    from fp16utils._spec import parse_clip_grad
+    from fp16utils._args.spec import parse_clip_grad
 
     keys = _key_table(_config_sections()['clip-grad'])
     allowed = set()

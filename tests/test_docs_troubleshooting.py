@@ -401,7 +401,7 @@ def test_fp32_modules_applied_late_fail_with_the_quoted_message(monkeypatch):
         torch.compile(forward, fullgraph=True, backend='eager')(torch.ones(2, 8))
     assert quoted in str(caught.value) or 'Observed exception' in str(caught.value)
     with monkeypatch.context() as mp:  # what optim_context raises inside the trace
-        mp.setattr(_torch, 'is_compiling', lambda: True)
+        mp.setattr(_torch.tracing, 'is_compiling', lambda: True)
         with pytest.raises(RuntimeError) as raised:
             wrapper.optim_context(model)
     assert str(raised.value) == quoted

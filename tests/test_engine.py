@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from fp16utils import AmpOptimWrapper, Fp16OptimizerHook, _torch
-from fp16utils._spec import TORCH_DYNAMIC
+from fp16utils._args.spec import TORCH_DYNAMIC
 from fp16utils.engine import AccumulationWindow, NativeEngine, ResumeState, StepEngine
 
 _spec = importlib.util.spec_from_file_location('_runner', Path(__file__).with_name('_runner.py'))
@@ -117,7 +117,7 @@ def test_the_wrappers_own_steps_are_not_mistaken_for_outside_changes():
     _caps.require(torch.float16, 'native')
     _, wrapper = _trained_wrapper()
     scaler = wrapper.loss_scaler
-    changes = _torch.grad_scaler_changes(scaler)
+    changes = _torch.state.grad_scaler_changes(scaler)
     model = R.Net()
     wrapper2 = AmpOptimWrapper(torch.optim.SGD(model.parameters(), lr=0.01),
                                loss_scale=256.0)  # static: update(scale) on every step
@@ -125,8 +125,8 @@ def test_the_wrappers_own_steps_are_not_mistaken_for_outside_changes():
         with wrapper2.optim_context(model):
             loss = R.mse(model, batch)
         wrapper2.update_params(loss)
-    assert _torch.grad_scaler_changes(scaler) == changes
-    assert _torch.grad_scaler_changes(wrapper2.loss_scaler) == 0
+    assert _torch.state.grad_scaler_changes(scaler) == changes
+    assert _torch.state.grad_scaler_changes(wrapper2.loss_scaler) == 0
     assert wrapper2.loss_scale == 256.0
 
 
@@ -134,7 +134,7 @@ def test_the_grad_scaler_pickles_and_deep_copies_as_a_plain_grad_scaler():
     _caps.require(torch.float16, 'native')
     _, wrapper = _trained_wrapper(init_scale=128.0)
     scaler = wrapper.loss_scaler
-    plain = type(_torch.make_grad_scaler('cpu', enabled=False))
+    plain = type(_torch.factory.make_grad_scaler('cpu', enabled=False))
     assert isinstance(scaler, plain) and type(scaler) is not plain  # a GradScaler subclass
     for clone in (pickle.loads(pickle.dumps(scaler)), copy.deepcopy(scaler)):
         assert type(clone) is plain

@@ -48,7 +48,7 @@ class Trainer:
 
     def __init__(self, style, backend, kind=None, fault_at=(), loss_scale=None,
                  dtype=None, **extra):
-        _caps.require(_torch.resolve_dtype(dtype), 'native' if backend == 'native' else None,
+        _caps.require(_torch.dtypes.resolve_dtype(dtype), 'native' if backend == 'native' else None,
                       scaled=loss_scale is None or not isinstance(loss_scale, dict)
                       or loss_scale.get('enabled', True))
         self.style, self.kind, self.fault_at = style, kind, set(fault_at)

@@ -1,4 +1,4 @@
-"""Tests for fp16utils.hooks: the 0.x optimizer hooks, driven by a minimal runner."""
+"""Tests for fp16utils.hooks.optimizer: the 0.x optimizer hooks, driven by a minimal runner."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from torch import nn
 
 import fp16utils
 from fp16utils import Fp16OptimizerHook, GradientCumulativeFp16OptimizerHook, LossScaler
-from fp16utils import hooks as hooks_mod
+from fp16utils.hooks import optimizer as hooks_mod
 
 BACKENDS = ['native', 'legacy']
 
@@ -300,9 +300,9 @@ def test_allreduce_grads_with_two_real_processes(tmp_path, monkeypatch):
 
 
 def test_old_torch_makes_the_hook_legacy(monkeypatch):
-    monkeypatch.delenv(fp16utils._torch.BACKEND_ENV, raising=False)
+    monkeypatch.delenv(fp16utils._torch.versions.BACKEND_ENV, raising=False)
     monkeypatch.setattr(fp16utils._torch.versions, 'TORCH_VERSION', '1.5.0')
-    fp16utils._torch.refresh()
+    fp16utils._torch.decisions.refresh()
     try:
         hook = Fp16OptimizerHook(loss_scale=dict(init_scale=256.0, mode='dynamic'))
         assert hook.backend == 'legacy'
@@ -318,7 +318,7 @@ def test_old_torch_makes_the_hook_legacy(monkeypatch):
         assert next(runner.model.parameters()).dtype == torch.float16
     finally:
         monkeypatch.undo()
-        fp16utils._torch.refresh()
+        fp16utils._torch.decisions.refresh()
 
 
 # ------------------------------------------------------------------------ mmcv states
@@ -461,7 +461,7 @@ def test_before_run_twice_keeps_the_same_masters():
 @pytest.mark.parametrize('cls, extra', [(Fp16OptimizerHook, ''),
                                         (GradientCumulativeFp16OptimizerHook, 'cumulative_iters')])
 def test_a_misspelt_hook_argument_is_one_type_error_naming_the_closest(cls, extra):
-    from fp16utils._keys import UnknownKeyError
+    from fp16utils._args.keys import UnknownKeyError
 
     with pytest.raises(UnknownKeyError) as info:
         cls(loss_scal=512.)

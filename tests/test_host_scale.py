@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from fp16utils import AmpOptimWrapper, Fp16OptimizerHook, _torch
-from fp16utils._spec import MAX_LOSS_SCALE, TORCH_DYNAMIC
+from fp16utils._args.spec import MAX_LOSS_SCALE, TORCH_DYNAMIC
 from fp16utils._torch import state as _state
 from fp16utils.engine.host_scale import HostScale
 
@@ -23,11 +23,11 @@ R = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(R)
 
 INF = float('inf')
-PLAIN = type(_torch.make_grad_scaler('cpu', enabled=False))
+PLAIN = type(_torch.factory.make_grad_scaler('cpu', enabled=False))
 
 
 def _require_cpu_grad_scaler():
-    if not _torch.grad_scaler_supports('cpu'):
+    if not _torch.caps.grad_scaler_supports('cpu'):
         pytest.skip('torch has no GradScaler for cpu here (torch.amp.GradScaler(device))')
 
 
@@ -55,7 +55,7 @@ def test_the_mirror_moves_as_grad_scaler_does(init, growth, backoff, interval):
     spec = TORCH_DYNAMIC._replace(init_scale=init, growth_factor=growth, backoff_factor=backoff,
                                   growth_interval=interval)
     host = HostScale(spec)
-    scaler = _torch.make_grad_scaler('cpu', init_scale=init, growth_factor=growth,
+    scaler = _torch.factory.make_grad_scaler('cpu', init_scale=init, growth_factor=growth,
                                      backoff_factor=backoff, growth_interval=interval)
     seen = set()
     for overflow, (scale, tracker) in zip(pattern, _torch_steps(scaler, pattern)):
@@ -74,7 +74,7 @@ def test_the_ceiling_is_2_127_and_a_float32_overflow_keeps_the_scale_as_grad_sca
                                (2.0**126, 3.0, False)]:
         spec = TORCH_DYNAMIC._replace(init_scale=init, growth_factor=factor, growth_interval=1)
         host = HostScale(spec)
-        scaler = _torch.make_grad_scaler('cpu', init_scale=init, growth_factor=factor,
+        scaler = _torch.factory.make_grad_scaler('cpu', init_scale=init, growth_factor=factor,
                                          growth_interval=1)
         for scale, _ in _torch_steps(scaler, [False, False]):
             host.count_clean()
@@ -90,7 +90,7 @@ def test_the_floor_stops_the_backoff_at_1_or_at_a_lower_initial_scale():
     low = HostScale(TORCH_DYNAMIC._replace(init_scale=0.25))
     assert [low.back_off(), low.back_off()] == [0.25, 0.25]  # never raised, never lower
     _require_cpu_grad_scaler()
-    scaler = _torch.make_grad_scaler('cpu', init_scale=4.0)
+    scaler = _torch.factory.make_grad_scaler('cpu', init_scale=4.0)
     assert [s for s, _ in _torch_steps(scaler, [True] * 4)] == [2.0, 1.0, 0.5, 0.25]
 
 

@@ -1297,7 +1297,7 @@ def test_fp16_hook_args_list_is_the_hooks_signature():
     import inspect
 
     from fp16utils import Fp16OptimizerHook
-    from fp16utils._keys import FP16_HOOK_ARGS
+    from fp16utils._args.keys import FP16_HOOK_ARGS
 
     params = inspect.signature(Fp16OptimizerHook).parameters
     assert set(FP16_HOOK_ARGS) == {n for n, p in params.items() if p.kind != p.VAR_KEYWORD}

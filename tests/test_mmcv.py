@@ -24,8 +24,8 @@ from torch import nn
 
 import fp16utils
 import fp16utils.mmcv as fmmcv
-from fp16utils import hooks
-from fp16utils.cli import main
+from fp16utils.hooks import optimizer as hooks
+from fp16utils.tools.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -204,7 +204,7 @@ def test_hooks_become_mmcv_hooks_when_mmcv_is_imported_after_them(fake_mmcv):
 def test_hooks_follow_an_mmcv_imported_before_fp16utils_and_never_import_it(fake_mmcv):
     code = '''
         import sys
-        import fp16utils, fp16utils.hooks, fp16utils.mmcv
+        import fp16utils, fp16utils.hooks.optimizer, fp16utils.mmcv
         from fp16utils import Fp16OptimizerHook, GradientCumulativeFp16OptimizerHook, patch_mmcv
         Fp16OptimizerHook(); GradientCumulativeFp16OptimizerHook(cumulative_iters=2)
         print(sorted(m for m in sys.modules if m.startswith('mmcv')))

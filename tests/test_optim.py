@@ -30,7 +30,7 @@ BACKENDS = ['native', 'legacy']
 
 def amp(model, backend='native', opt_cls=torch.optim.Adam, lr=1e-2, **kwargs):
     """An AmpOptimWrapper (float16 unless ``dtype`` is given): skips where the CPU lacks it."""
-    _caps.require(fp16utils._torch.resolve_dtype(kwargs.get('dtype')),
+    _caps.require(fp16utils._torch.dtypes.resolve_dtype(kwargs.get('dtype')),
                   'native' if backend == 'native' else None)
     optimizer = opt_cls(model.parameters(), lr=lr)
     return AmpOptimWrapper(optimizer, backend=backend, model=model, **kwargs)
@@ -279,7 +279,7 @@ def test_lr_momentum_and_state_dict_round_trip():
 
 
 @pytest.mark.parametrize('dtype', [d for d in (torch.float16, torch.bfloat16, 'float16', 'bfloat16')
-                                   if fp16utils._torch.resolve_dtype(d) in _caps.NATIVE_DTYPES])
+                                   if fp16utils._torch.dtypes.resolve_dtype(d) in _caps.NATIVE_DTYPES])
 def test_optim_context_autocasts_the_whole_forward_on_cpu(dtype):
     model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
     wrapper = AmpOptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1), dtype=dtype,
@@ -288,7 +288,7 @@ def test_optim_context_autocasts_the_whole_forward_on_cpu(dtype):
         out = model(torch.ones(3, 4))
         assert _caps.autocast_now()[0]
     assert not _caps.autocast_now()[0]
-    assert out.dtype == fp16utils._torch.resolve_dtype(dtype)
+    assert out.dtype == fp16utils._torch.dtypes.resolve_dtype(dtype)
     assert wrapper.dtype == out.dtype
 
 
@@ -515,12 +515,12 @@ def test_legacy_rejects_an_inconsistent_backoff():
 @pytest.fixture
 def torch_1_5(monkeypatch):
     """Make fp16utils believe torch is 1.5.0 (no native AMP), env choice cleared."""
-    monkeypatch.delenv(fp16utils._torch.BACKEND_ENV, raising=False)
+    monkeypatch.delenv(fp16utils._torch.versions.BACKEND_ENV, raising=False)
     monkeypatch.setattr(fp16utils._torch.versions, 'TORCH_VERSION', '1.5.0')
-    fp16utils._torch.refresh()
+    fp16utils._torch.decisions.refresh()
     yield
     monkeypatch.undo()
-    fp16utils._torch.refresh()
+    fp16utils._torch.decisions.refresh()
 
 
 def test_old_torch_defaults_to_legacy(torch_1_5):

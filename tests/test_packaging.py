@@ -118,7 +118,7 @@ def test_runtime_dependencies_are_torch_numpy_packaging_only():
     assert '1.12.1' not in spec
     extras = ast.literal_eval(kw['extras_require'])
     assert {'pytest', 'hypothesis'} <= {re.split(r'[<>=]', r)[0] for r in extras['test']}
-    assert 'fp16utils=fp16utils.cli:main' in ast.literal_eval(kw['entry_points'])[
+    assert 'fp16utils=fp16utils.tools.cli:main' in ast.literal_eval(kw['entry_points'])[
         'console_scripts']
 
 
@@ -409,11 +409,11 @@ def make_package(root: Path, files: dict[str, str]) -> Path:
     ({'cast.py': 'from . import hooks'}, 'cast.py:1: fp16utils (hooks): imports upward'),
     ({'decorators.py': 'from .wrap import z'}, 'decorators.py:1: fp16utils.wrap (z): imports up'),
     ({'optim/__init__.py': '', 'optim/step.py': 'from ..hooks import H'},
-     'optim/step.py:1: fp16utils.hooks (H): imports up'),
+     'optim/step.py:1: fp16utils.hooks.optimizer (H): imports up'),
     ({'migrate/__init__.py': '', 'migrate/a.py': 'from .. import _torch'},
      'migrate/a.py:1: fp16utils (_torch): migrate imports the standard'),
     ({'migrate/__init__.py': 'from .._spec import parse', '_spec.py': 'import torch'},
-     'migrate/__init__.py:1: fp16utils._spec (parse): migrate imports the standard library'),
+     'migrate/__init__.py:1: fp16utils._args.spec (parse): migrate imports the standard library'),
     ({'debug.py': 'from .cli import main'}, 'nothing imports cli'),
     ({'hooks.py': 'from . import auto_fp16'}, 'import it from the module that defines it'),
     ({'hooks.py': 'import fp16utils'}, 'import it from the module that defines it'),

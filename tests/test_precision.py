@@ -18,7 +18,7 @@ from fp16utils import (
     precision_support,
 )
 from fp16utils._torch import caps
-from fp16utils.cli import main
+from fp16utils.tools.cli import main
 from fp16utils.precision import auto_dtype, precision_summary
 
 pytestmark = pytest.mark.usefixtures('no_backend_env')
@@ -99,11 +99,11 @@ def test_where_the_table_cannot_tell_the_probe_decides_once_per_process(monkeypa
     second = precision_support(torch.device('cpu'))
     # the probe's answers, where torch has the kernels at all
     expected = {F16: 'native', BF16: 'emulated'}
-    expected = {d: v if _torch.kernels_support('cpu', d) else 'unsupported'
+    expected = {d: v if _torch.caps.kernels_support('cpu', d) else 'unsupported'
                 for d, v in expected.items()}
     assert first == second == expected
     assert sorted(fresh_probe, key=str) == sorted(
-        [('cpu', d, None) for d in (F16, BF16) if _torch.kernels_support('cpu', d)], key=str)
+        [('cpu', d, None) for d in (F16, BF16) if _torch.caps.kernels_support('cpu', d)], key=str)
 
 
 def test_a_probe_that_fails_means_unsupported(monkeypatch):
@@ -133,7 +133,7 @@ def test_none_is_the_best_device_present_and_absent_devices_are_unsupported(monk
     assert caps.best_device_type() == 'xpu'
     monkeypatch.undo()
     asked = []
-    monkeypatch.setattr(_torch, 'best_device_type', lambda: asked.append(1) or 'cpu')
+    monkeypatch.setattr(_torch.caps, 'best_device_type', lambda: asked.append(1) or 'cpu')
     assert precision_support() == precision_support('cpu') and asked == [1]
     if not torch.cuda.is_available():
         assert precision_support('cuda') == {F16: 'unsupported', BF16: 'unsupported'}
@@ -142,7 +142,7 @@ def test_none_is_the_best_device_present_and_absent_devices_are_unsupported(monk
 def test_the_cpu_answer_here_agrees_with_the_kernels():
     support = precision_support('cpu')
     for dtype in (F16, BF16):
-        assert (support[dtype] == 'unsupported') == (not _torch.kernels_support('cpu', dtype))
+        assert (support[dtype] == 'unsupported') == (not _torch.caps.kernels_support('cpu', dtype))
 
 
 # -------------------------------------------------------------- dtype='auto'
@@ -248,7 +248,7 @@ def test_env_and_demo_show_the_table(monkeypatch):
     support = precision_support('cpu')
     for dtype, name in ((F16, 'float16'), (BF16, 'bfloat16')):
         assert f'{name} {support[dtype]}' in row
-    from fp16utils.demo import run_demo
+    from fp16utils.tools.demo import run_demo
     out = io.StringIO()
     monkeypatch.setattr(sys, 'stderr', io.StringIO())
     run_demo('cpu', steps=1, out=out, modes=('fp32',))
@@ -326,7 +326,7 @@ def test_cache_enabled_must_be_a_bool_or_none(bad):
 
 def test_autocast_for_passes_cache_enabled():
     _caps.require(_caps.LOW, 'native', scaled=False)
-    with _torch.autocast_for('cpu', _caps.LOW, cache_enabled=False):
+    with _torch.autocast.autocast_for('cpu', _caps.LOW, cache_enabled=False):
         assert not torch.is_autocast_cache_enabled()
-    with _torch.autocast_for('cpu', _caps.LOW):
+    with _torch.autocast.autocast_for('cpu', _caps.LOW):
         assert torch.is_autocast_cache_enabled()

@@ -452,7 +452,7 @@ def _many_params(n=160, bad_at=None):
 @pytest.mark.parametrize('bad_at', [None, 0, 159])
 def test_has_overflow_single_sync(monkeypatch, bad_at):
     params = _many_params(bad_at=bad_at)
-    fused_here = all(fp16utils._torch.fused_check_supports('cpu', d)
+    fused_here = all(fp16utils._torch.caps.fused_check_supports('cpu', d)
                      for d in {p.grad.dtype for p in params})
     fused_calls = _counting_fused(monkeypatch)
     counter = SyncCounter(monkeypatch)

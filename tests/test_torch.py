@@ -36,8 +36,8 @@ LOW_DTYPES, LOW = _caps.LOW_DTYPES, _caps.LOW
     ('2.0.0', '2.13.0+cpu'),
 ])
 def test_digit_version_orders(older, newer):
-    assert _torch.digit_version(older) < _torch.digit_version(newer)
-    assert _torch.digit_version(newer) > _torch.digit_version(older)
+    assert _torch.versions.digit_version(older) < _torch.versions.digit_version(newer)
+    assert _torch.versions.digit_version(newer) > _torch.versions.digit_version(older)
 
 
 @pytest.mark.parametrize(('a', 'b'), [
@@ -47,7 +47,7 @@ def test_digit_version_orders(older, newer):
     ('1.6', '1.6.0.0'),
 ])
 def test_digit_version_equal(a, b):
-    assert _torch.digit_version(a) == _torch.digit_version(b)
+    assert _torch.versions.digit_version(a) == _torch.versions.digit_version(b)
 
 
 @pytest.mark.parametrize(('version', 'expected'), [
@@ -60,20 +60,20 @@ def test_digit_version_equal(a, b):
     ('1.2.3.4.5', (1, 2, 3, 4, 0, 0)),
 ])
 def test_digit_version_values(version, expected):
-    assert _torch.digit_version(version) == expected
+    assert _torch.versions.digit_version(version) == expected
 
 
 def test_digit_version_length():
-    assert _torch.digit_version('1.2.3', length=2) == (1, 2, 0, 0)
-    assert _torch.digit_version('1', length=3) == (1, 0, 0, 0, 0)
+    assert _torch.versions.digit_version('1.2.3', length=2) == (1, 2, 0, 0)
+    assert _torch.versions.digit_version('1', length=3) == (1, 0, 0, 0, 0)
     with pytest.raises(ValueError, match='length >= 1'):
-        _torch.digit_version('1.2', length=0)
+        _torch.versions.digit_version('1.2', length=0)
 
 
 @pytest.mark.parametrize('bad', ['parrots', 'not a version', '', '1.6.0-foo-bar'])
 def test_digit_version_invalid(bad):
     with pytest.raises(ValueError, match='not a PEP 440 version') as info:
-        _torch.digit_version(bad)
+        _torch.versions.digit_version(bad)
     assert repr(bad) in str(info.value)
 
 
@@ -86,18 +86,18 @@ def test_digit_version_invalid(bad):
     ('parrots', False),
 ])
 def test_has_native_amp(version, native):
-    assert _torch.has_native_amp(version) is native
+    assert _torch.versions.has_native_amp(version) is native
 
 
 def test_has_native_amp_follows_torch_version(old_torch):
     assert _torch.versions.TORCH_VERSION == '1.5.0'
-    assert _torch.has_native_amp() is False
-    assert _torch.has_native_amp('1.6.0') is True
+    assert _torch.versions.has_native_amp() is False
+    assert _torch.versions.has_native_amp('1.6.0') is True
 
 
 def test_has_native_amp_real_torch(no_backend_env):
-    assert _torch.TORCH_VERSION == torch.__version__
-    assert _torch.has_native_amp() is True
+    assert _torch.versions.TORCH_VERSION == torch.__version__
+    assert _torch.versions.has_native_amp() is True
 
 
 # --------------------------------------------------------------------------- backends
@@ -105,113 +105,113 @@ def test_has_native_amp_real_torch(no_backend_env):
 
 @pytest.mark.parametrize('name', ['native', 'legacy'])
 def test_resolve_backend_explicit(name, no_backend_env):
-    assert _torch.resolve_backend(name) == name
+    assert _torch.versions.resolve_backend(name) == name
 
 
 def test_resolve_backend_default_native(no_backend_env):
-    assert _torch.resolve_backend() == 'native'
-    assert _torch.resolve_backend(None) == 'native'
-    assert _torch.default_backend() == 'native'
-    assert 'native AMP' in _torch.backend_reason()
+    assert _torch.versions.resolve_backend() == 'native'
+    assert _torch.versions.resolve_backend(None) == 'native'
+    assert _torch.versions.default_backend() == 'native'
+    assert 'native AMP' in _torch.versions.backend_reason()
 
 
 def test_resolve_backend_default_legacy_on_old_torch(no_backend_env, old_torch):
-    assert _torch.resolve_backend() == 'legacy'
-    assert '1.5.0' in _torch.backend_reason()
-    assert 'older than 1.6' in _torch.backend_reason()
+    assert _torch.versions.resolve_backend() == 'legacy'
+    assert '1.5.0' in _torch.versions.backend_reason()
+    assert 'older than 1.6' in _torch.versions.backend_reason()
 
 
 @pytest.mark.parametrize('value', ['legacy', ' Legacy ', 'LEGACY'])
 def test_resolve_backend_env(force_backend, value):
     force_backend(value)
-    assert _torch.resolve_backend() == 'legacy'
-    assert _torch.BACKEND_ENV in _torch.backend_reason()
+    assert _torch.versions.resolve_backend() == 'legacy'
+    assert _torch.versions.BACKEND_ENV in _torch.versions.backend_reason()
     # An explicit argument wins over the environment.
-    assert _torch.resolve_backend('native') == 'native'
+    assert _torch.versions.resolve_backend('native') == 'native'
 
 
 def test_resolve_backend_env_native(force_backend):
     force_backend('native')
-    assert _torch.resolve_backend() == 'native'
+    assert _torch.versions.resolve_backend() == 'native'
 
 
 def test_resolve_backend_env_empty_is_unset(force_backend):
     force_backend('')
-    assert _torch.resolve_backend() == 'native'
+    assert _torch.versions.resolve_backend() == 'native'
 
 
 @pytest.mark.parametrize('name', ['apex', 'Native', 'cuda', ''])
 def test_resolve_backend_unknown(name, no_backend_env):
     with pytest.raises(ValueError, match='Unknown fp16utils backend') as info:
-        _torch.resolve_backend(name)
+        _torch.versions.resolve_backend(name)
     assert repr(name) in str(info.value)
     assert 'native' in str(info.value) and 'legacy' in str(info.value)
 
 
 def test_resolve_backend_native_on_old_torch(old_torch, no_backend_env):
     with pytest.raises(ValueError, match=r'torch >= 1\.6') as info:
-        _torch.resolve_backend('native')
+        _torch.versions.resolve_backend('native')
     assert '1.5.0' in str(info.value)
     assert "backend='legacy'" in str(info.value)
-    assert _torch.resolve_backend('legacy') == 'legacy'
+    assert _torch.versions.resolve_backend('legacy') == 'legacy'
 
 
 def test_env_native_on_old_torch(old_torch, force_backend):
     force_backend('native')
     with pytest.raises(ValueError, match='1.5.0'):
-        _torch.resolve_backend()
+        _torch.versions.resolve_backend()
 
 
 @pytest.mark.parametrize('value', ['apex', 'fp16', 'nativ'])
 def test_env_invalid(force_backend, value):
     force_backend(value)
-    with pytest.raises(ValueError, match=_torch.BACKEND_ENV) as info:
-        _torch.resolve_backend()
+    with pytest.raises(ValueError, match=_torch.versions.BACKEND_ENV) as info:
+        _torch.versions.resolve_backend()
     assert repr(value) in str(info.value)
     assert 'legacy' in str(info.value)
     # Explicit choices still work while the environment is wrong.
-    assert _torch.resolve_backend('legacy') == 'legacy'
+    assert _torch.versions.resolve_backend('legacy') == 'legacy'
 
 
 def test_refresh_picks_up_env_change(monkeypatch, no_backend_env):
-    assert _torch.default_backend() == 'native'
-    monkeypatch.setenv(_torch.BACKEND_ENV, 'legacy')
-    assert _torch.refresh() is None
-    assert _torch.default_backend() == 'legacy'
-    monkeypatch.delenv(_torch.BACKEND_ENV)
-    _torch.refresh()
-    assert _torch.default_backend() == 'native'
+    assert _torch.versions.default_backend() == 'native'
+    monkeypatch.setenv(_torch.versions.BACKEND_ENV, 'legacy')
+    assert _torch.decisions.refresh() is None
+    assert _torch.versions.default_backend() == 'legacy'
+    monkeypatch.delenv(_torch.versions.BACKEND_ENV)
+    _torch.decisions.refresh()
+    assert _torch.versions.default_backend() == 'native'
 
 
 def test_refresh_reads_the_environment_when_called(monkeypatch, no_backend_env):
     # Decided eagerly (at import and by refresh()), so that a torch.compile trace
     # only reads the answer: a change without refresh() is not seen.
-    monkeypatch.setenv(_torch.BACKEND_ENV, 'legacy')
-    _torch.refresh()
-    monkeypatch.delenv(_torch.BACKEND_ENV)
-    assert _torch.default_backend() == 'legacy'
-    _torch.refresh()
-    assert _torch.default_backend() == 'native'
+    monkeypatch.setenv(_torch.versions.BACKEND_ENV, 'legacy')
+    _torch.decisions.refresh()
+    monkeypatch.delenv(_torch.versions.BACKEND_ENV)
+    assert _torch.versions.default_backend() == 'legacy'
+    _torch.decisions.refresh()
+    assert _torch.versions.default_backend() == 'native'
 
 
 def test_refresh_keeps_a_bad_environment_for_the_first_use(monkeypatch, no_backend_env):
-    monkeypatch.setenv(_torch.BACKEND_ENV, 'apex')
-    assert _torch.refresh() is None  # refresh() itself does not raise
+    monkeypatch.setenv(_torch.versions.BACKEND_ENV, 'apex')
+    assert _torch.decisions.refresh() is None  # refresh() itself does not raise
     with pytest.raises(ValueError, match="FP16UTILS_BACKEND='apex'"):
-        _torch.default_backend()
-    monkeypatch.setenv(_torch.BACKEND_ENV, 'legacy')  # eager calls read it again
-    assert _torch.default_backend() == 'legacy'
+        _torch.versions.default_backend()
+    monkeypatch.setenv(_torch.versions.BACKEND_ENV, 'legacy')  # eager calls read it again
+    assert _torch.versions.default_backend() == 'legacy'
 
 
 def test_refresh_then_version_change(monkeypatch, no_backend_env):
-    assert _torch.default_backend() == 'native'
+    assert _torch.versions.default_backend() == 'native'
     monkeypatch.setattr(_torch.versions, 'TORCH_VERSION', '1.4.0')
-    _torch.refresh()
-    assert _torch.default_backend() == 'legacy'
-    assert _torch.has_native_amp() is False
+    _torch.decisions.refresh()
+    assert _torch.versions.default_backend() == 'legacy'
+    assert _torch.versions.has_native_amp() is False
     monkeypatch.undo()
-    _torch.refresh()
-    assert _torch.default_backend() == 'native'
+    _torch.decisions.refresh()
+    assert _torch.versions.default_backend() == 'native'
 
 
 # --------------------------------------------------------------------------- dtypes
@@ -232,27 +232,27 @@ def test_refresh_then_version_change(monkeypatch, no_backend_env):
     (torch.bfloat16, torch.bfloat16),
 ])
 def test_resolve_dtype(given, expected):
-    assert _torch.resolve_dtype(given) is expected
+    assert _torch.dtypes.resolve_dtype(given) is expected
 
 
 def test_resolve_dtype_default():
-    assert _torch.resolve_dtype(None) is torch.float16
-    assert _torch.resolve_dtype(None, default=torch.bfloat16) is torch.bfloat16
+    assert _torch.dtypes.resolve_dtype(None) is torch.float16
+    assert _torch.dtypes.resolve_dtype(None, default=torch.bfloat16) is torch.bfloat16
 
 
 @pytest.mark.parametrize('bad', [torch.float32, torch.float64, torch.int8, 'float32',
                                  'fp32', 'int8', 16, ''])
 def test_resolve_dtype_errors(bad):
     with pytest.raises(ValueError, match='Unsupported low-precision dtype') as info:
-        _torch.resolve_dtype(bad)
+        _torch.dtypes.resolve_dtype(bad)
     assert repr(bad) in str(info.value)
     assert 'torch.bfloat16' in str(info.value)
 
 
 def test_needs_loss_scaling():
-    assert _torch.needs_loss_scaling(torch.float16) is True
-    assert _torch.needs_loss_scaling(torch.bfloat16) is False
-    assert _torch.needs_loss_scaling(torch.float32) is False
+    assert _torch.dtypes.needs_loss_scaling(torch.float16) is True
+    assert _torch.dtypes.needs_loss_scaling(torch.bfloat16) is False
+    assert _torch.dtypes.needs_loss_scaling(torch.float32) is False
 
 
 # --------------------------------------------------------------------------- autocast
@@ -265,17 +265,17 @@ def _mm():
 @pytest.mark.parametrize('dtype', LOW_DTYPES)
 def test_autocast_for_cpu(dtype):
     assert not _cpu_state()[0]
-    with _torch.autocast_for('cpu', dtype):
+    with _torch.autocast.autocast_for('cpu', dtype):
         assert _cpu_state()[0]
         assert _cpu_state()[1] == dtype
         assert _mm().dtype == dtype
-        assert _torch.autocast_state('cpu') == (True, dtype)
+        assert _torch.autocast.autocast_state('cpu') == (True, dtype)
     assert not _cpu_state()[0]
     assert _mm().dtype == torch.float32
 
 
 def test_autocast_for_default_dtype():
-    with _torch.autocast_for('cpu'):
+    with _torch.autocast.autocast_for('cpu'):
         # torch's default CPU autocast dtype is bfloat16.
         assert _mm().dtype == torch.bfloat16
 
@@ -284,7 +284,7 @@ def test_autocast_for_default_dtype():
 def test_autocast_for_disabled_inside_outer(dtype):
     # Any dtype, supported by autocast on the CPU or not: off is off.
     with torch.autocast('cpu', dtype=torch.bfloat16):
-        with _torch.autocast_for('cpu', dtype, enabled=False):
+        with _torch.autocast.autocast_for('cpu', dtype, enabled=False):
             assert not _cpu_state()[0]
             assert _mm().dtype == torch.float32
         assert _cpu_state()[0]
@@ -292,7 +292,7 @@ def test_autocast_for_disabled_inside_outer(dtype):
 
 
 def test_autocast_for_old_torch(old_torch):
-    ctx = _torch.autocast_for('cpu', torch.float16)
+    ctx = _torch.autocast.autocast_for('cpu', torch.float16)
     assert isinstance(ctx, contextlib.nullcontext)
     with ctx:
         assert not _cpu_state()[0]
@@ -302,16 +302,16 @@ def test_autocast_for_old_torch(old_torch):
 def test_autocast_for_torch_without_device_autocast(monkeypatch):
     # torch 1.6 - 1.9: no torch.autocast, CUDA float16 autocast only.
     monkeypatch.setattr(_torch.autocast, '_HAS_DEVICE_AUTOCAST', False)
-    ctx = _torch.autocast_for('cpu', torch.bfloat16)
+    ctx = _torch.autocast.autocast_for('cpu', torch.bfloat16)
     assert isinstance(ctx, contextlib.nullcontext)
     with warnings.catch_warnings():
         warnings.simplefilter('ignore')  # deprecated on current torch; no CUDA here
-        cuda_ctx = _torch.autocast_for('cuda', torch.float16)
+        cuda_ctx = _torch.autocast.autocast_for('cuda', torch.float16)
     assert isinstance(cuda_ctx, torch.cuda.amp.autocast)
 
 
 def test_autocast_state_outside():
-    enabled, _ = _torch.autocast_state('cpu')
+    enabled, _ = _torch.autocast.autocast_state('cpu')
     assert enabled is False
 
 
@@ -320,11 +320,11 @@ def test_autocast_state_old_api(monkeypatch):
     monkeypatch.setattr(_torch.autocast, '_HAS_DEVICE_AUTOCAST_STATE', False)
     with warnings.catch_warnings():
         warnings.simplefilter('ignore', DeprecationWarning)
-        assert _torch.autocast_state('cpu')[0] is False
+        assert _torch.autocast.autocast_state('cpu')[0] is False
         with torch.autocast('cpu', dtype=LOW):
-            assert _torch.autocast_state('cpu') == (True, LOW)
-        assert _torch.autocast_state('cuda') == (False, torch.float16)
-        assert _torch.autocast_state('some_device') == (False, None)
+            assert _torch.autocast.autocast_state('cpu') == (True, LOW)
+        assert _torch.autocast.autocast_state('cuda') == (False, torch.float16)
+        assert _torch.autocast.autocast_state('some_device') == (False, None)
 
 
 def _cpu_state():
@@ -351,7 +351,7 @@ def call_path(request, monkeypatch):
 @pytest.mark.usefixtures('call_path')
 @pytest.mark.parametrize('dtype', LOW_DTYPES)
 def test_call_autocast_enables(dtype):
-    state, mm_dtype = _torch.call_autocast('cpu', dtype, True, _state_probe)
+    state, mm_dtype = _torch.autocast.call_autocast('cpu', dtype, True, _state_probe)
     assert state == (True, dtype) and mm_dtype == dtype
     assert _cpu_state()[0] is False
     assert _mm().dtype == torch.float32
@@ -360,7 +360,7 @@ def test_call_autocast_enables(dtype):
 @pytest.mark.usefixtures('call_path')
 def test_call_autocast_passes_arguments_and_result():
     a = torch.ones(2, 3)
-    out = _torch.call_autocast('cpu', torch.bfloat16, True, torch.matmul, a, other=a.t())
+    out = _torch.autocast.call_autocast('cpu', torch.bfloat16, True, torch.matmul, a, other=a.t())
     assert out.dtype == torch.bfloat16 and torch.equal(out.float(), torch.full((2, 2), 3.0))
 
 
@@ -368,13 +368,13 @@ def test_call_autocast_passes_arguments_and_result():
 def test_call_autocast_disables_and_restores_outer():
     outer = LOW_DTYPES[0]  # float16 where CPU autocast has it: unlike the inner bfloat16
     with torch.autocast('cpu', dtype=outer):
-        state, mm_dtype = _torch.call_autocast('cpu', None, False, _state_probe)
+        state, mm_dtype = _torch.autocast.call_autocast('cpu', None, False, _state_probe)
         assert state[0] is False and mm_dtype == torch.float32
         assert _cpu_state() == (True, outer)
         # dtype None inside an enabled region keeps the region's dtype.
-        state, _ = _torch.call_autocast('cpu', None, True, _state_probe)
+        state, _ = _torch.autocast.call_autocast('cpu', None, True, _state_probe)
         assert state == (True, outer)
-        state, _ = _torch.call_autocast('cpu', torch.bfloat16, True, _state_probe)
+        state, _ = _torch.autocast.call_autocast('cpu', torch.bfloat16, True, _state_probe)
         assert state == (True, torch.bfloat16)
         assert _cpu_state() == (True, outer)
 
@@ -385,11 +385,11 @@ def test_call_autocast_restores_after_exception():
         raise LookupError('inside autocast')
 
     with pytest.raises(LookupError, match='inside autocast'):
-        _torch.call_autocast('cpu', LOW, True, boom)
+        _torch.autocast.call_autocast('cpu', LOW, True, boom)
     assert _cpu_state()[0] is False
     with torch.autocast('cpu', dtype=torch.bfloat16):
         with pytest.raises(LookupError):
-            _torch.call_autocast('cpu', LOW, False, boom)
+            _torch.autocast.call_autocast('cpu', LOW, False, boom)
         assert _cpu_state() == (True, torch.bfloat16)
         assert _mm().dtype == torch.bfloat16
 
@@ -397,7 +397,7 @@ def test_call_autocast_restores_after_exception():
 def test_call_autocast_unsupported_dtype_runs_without_autocast():
     with warnings.catch_warnings():
         warnings.simplefilter('ignore', UserWarning)  # torch warns about the dtype
-        state, mm_dtype = _torch.call_autocast('cpu', torch.float64, True, _state_probe)
+        state, mm_dtype = _torch.autocast.call_autocast('cpu', torch.float64, True, _state_probe)
     assert state[0] is False and mm_dtype == torch.float32
     assert _cpu_state()[0] is False
 
@@ -406,10 +406,10 @@ def test_call_autocast_unsupported_dtype_cached_answer():
     """The supported-dtype answer is kept: later calls behave exactly like the first."""
     with warnings.catch_warnings():
         warnings.simplefilter('ignore', UserWarning)
-        results = [_torch.call_autocast('cpu', torch.float64, True, _state_probe)
+        results = [_torch.autocast.call_autocast('cpu', torch.float64, True, _state_probe)
                    for _ in range(3)]
     assert all(state[0] is False and mm is torch.float32 for state, mm in results)
-    assert _torch.call_autocast('cpu', torch.bfloat16, True, _state_probe)[0] == (
+    assert _torch.autocast.call_autocast('cpu', torch.bfloat16, True, _state_probe)[0] == (
         True, torch.bfloat16)
 
 
@@ -423,16 +423,16 @@ def test_call_autocast_nesting_and_cache():
         levels.append(torch.autocast_increment_nesting() - 1)
         torch.autocast_decrement_nesting()
 
-    _torch.call_autocast('cpu', torch.bfloat16, True, probe)
+    _torch.autocast.call_autocast('cpu', torch.bfloat16, True, probe)
     with torch.autocast('cpu', dtype=torch.float16):
-        _torch.call_autocast('cpu', torch.bfloat16, True, probe)
+        _torch.autocast.call_autocast('cpu', torch.bfloat16, True, probe)
         probe()
     assert levels == [1, 2, 1]
     cleared = []
     real_clear = torch.clear_autocast_cache
     try:
         torch.clear_autocast_cache = lambda: cleared.append(True) or real_clear()
-        _torch.call_autocast('cpu', torch.bfloat16, True, probe)
+        _torch.autocast.call_autocast('cpu', torch.bfloat16, True, probe)
     finally:
         torch.clear_autocast_cache = real_clear
     assert cleared == [True]
@@ -449,25 +449,25 @@ def test_call_autocast_under_torch_function_mode_uses_the_context(monkeypatch):
             return func(*args, **(kwargs or {}))
 
     contexts = []
-    real = _torch.autocast_for
+    real = _torch.autocast.autocast_for
 
     def recording(*args):
         contexts.append(args)
         return real(*args)
 
     monkeypatch.setattr(_torch.autocast, 'autocast_for', recording)
-    assert _torch.call_autocast('cpu', torch.bfloat16, True, _state_probe) == (
+    assert _torch.autocast.call_autocast('cpu', torch.bfloat16, True, _state_probe) == (
         (True, torch.bfloat16), torch.bfloat16)
     assert contexts == []  # the eager path sets the state directly
     with Passthrough():
-        state, mm_dtype = _torch.call_autocast('cpu', torch.bfloat16, True, _state_probe)
+        state, mm_dtype = _torch.autocast.call_autocast('cpu', torch.bfloat16, True, _state_probe)
     assert state == (True, torch.bfloat16) and mm_dtype == torch.bfloat16
     assert contexts == [('cpu', torch.bfloat16, True)]
     assert torch.is_autocast_enabled('cpu') is False
 
 
 def test_call_autocast_old_torch(old_torch):
-    state, mm_dtype = _torch.call_autocast('cpu', torch.float16, True, _state_probe)
+    state, mm_dtype = _torch.autocast.call_autocast('cpu', torch.float16, True, _state_probe)
     assert state[0] is False and mm_dtype == torch.float32
 
 
@@ -475,9 +475,9 @@ def test_call_autocast_old_torch(old_torch):
 
 
 def test_make_grad_scaler_cpu_works():
-    if not _torch.grad_scaler_supports('cpu'):
+    if not _torch.caps.grad_scaler_supports('cpu'):
         pytest.skip('torch has no GradScaler for cpu here (torch.amp.GradScaler(device))')
-    scaler = _torch.make_grad_scaler('cpu', init_scale=256.0, growth_factor=4.0,
+    scaler = _torch.factory.make_grad_scaler('cpu', init_scale=256.0, growth_factor=4.0,
                                      backoff_factor=0.25, growth_interval=3)
     assert isinstance(scaler, torch.amp.GradScaler)
     assert scaler.is_enabled()
@@ -507,7 +507,7 @@ def test_make_grad_scaler_cpu_works():
 
 
 def test_make_grad_scaler_disabled():
-    scaler = _torch.make_grad_scaler('cpu', enabled=False)
+    scaler = _torch.factory.make_grad_scaler('cpu', enabled=False)
     assert not scaler.is_enabled()
     loss = torch.tensor(3.0)
     assert scaler.scale(loss) is loss
@@ -515,7 +515,7 @@ def test_make_grad_scaler_disabled():
 
 def test_make_grad_scaler_old_torch(old_torch):
     with pytest.raises(RuntimeError, match='no native GradScaler') as info:
-        _torch.make_grad_scaler('cpu')
+        _torch.factory.make_grad_scaler('cpu')
     assert '1.5.0' in str(info.value)
     assert 'LossScaler' in str(info.value)
 
@@ -524,7 +524,7 @@ def test_make_grad_scaler_torch_without_amp_grad_scaler(monkeypatch):
     # torch < 2.3: only torch.cuda.amp.GradScaler exists.
     monkeypatch.setattr(_torch.factory, '_AMP_GRAD_SCALER', None)
     with pytest.raises(RuntimeError, match="cuda only, not for 'cpu'"):
-        _torch.make_grad_scaler('cpu')
+        _torch.factory.make_grad_scaler('cpu')
 
 
 # --------------------------------------------------------------------------- warnings
@@ -568,10 +568,10 @@ def test_use_emits_no_deprecation_warning(no_backend_env):
             net = fp16utils.wrap_fp16_model(Net(), dtype=dtype)
             out = net(torch.ones(2, 4))
             out.sum().backward()
-            with _torch.autocast_for('cpu', dtype):
+            with _torch.autocast.autocast_for('cpu', dtype):
                 _mm()
-            _torch.autocast_state('cpu')
-        _torch.make_grad_scaler('cpu', enabled=_torch.grad_scaler_supports('cpu'))
+            _torch.autocast.autocast_state('cpu')
+        _torch.factory.make_grad_scaler('cpu', enabled=_torch.caps.grad_scaler_supports('cpu'))
         fp16utils.LossScaler().has_overflow(net.parameters())
     assert out.dtype == torch.float32
     bad = [f'{w.category.__name__}: {w.message}' for w in caught
@@ -583,7 +583,7 @@ def test_use_emits_no_deprecation_warning(no_backend_env):
 
 
 def test_group_by_device_and_dtype_empty():
-    assert _torch.group_by_device_and_dtype([]) == []
+    assert _torch.ops.group_by_device_and_dtype([]) == []
 
 
 @pytest.mark.parametrize('fused', [True, False])
@@ -594,7 +594,7 @@ def test_group_by_device_and_dtype(monkeypatch, fused):
     h = torch.ones(1, dtype=torch.float16)
     bf = torch.ones(4, dtype=torch.bfloat16)
     c = torch.ones(5)
-    groups = _torch.group_by_device_and_dtype([a, h, b, bf, c])
+    groups = _torch.ops.group_by_device_and_dtype([a, h, b, bf, c])
     by_key = {key: ts for key, ts in groups}
     assert set(by_key) == {(torch.device('cpu'), torch.float32),
                            (torch.device('cpu'), torch.float16),
@@ -609,7 +609,7 @@ def test_group_by_device_and_dtype(monkeypatch, fused):
 
 def test_group_by_device_and_dtype_accepts_tuple():
     ts = (torch.ones(1), torch.ones(1))
-    [(key, group)] = _torch.group_by_device_and_dtype(ts)
+    [(key, group)] = _torch.ops.group_by_device_and_dtype(ts)
     assert key == (torch.device('cpu'), torch.float32)
     assert group[0] is ts[0] and group[1] is ts[1]
 
@@ -619,28 +619,28 @@ def test_group_by_device_and_dtype_accepts_tuple():
 
 def _pretend(monkeypatch, kind, device_type, dtype, answer):
     """Make a capability probe answer ``answer`` (what another torch would find)."""
-    monkeypatch.setitem(_torch._probe_cache, (kind, device_type, dtype), answer)
+    monkeypatch.setitem(_torch.probes._probe_cache, (kind, device_type, dtype), answer)
 
 
 def test_capability_probes_answer_for_the_cpu():
     for dtype in (torch.float16, torch.bfloat16):
-        assert isinstance(_torch.kernels_support('cpu', dtype), bool)
-        assert isinstance(_torch.autocast_supports('cpu', dtype), bool)
-        assert isinstance(_torch.fused_check_supports('cpu', dtype), bool)
-    assert _torch.kernels_support('cpu', torch.bfloat16)  # every supported torch has these
-    assert _torch.autocast_supports('cpu', torch.bfloat16)
-    assert not _torch.autocast_supports('cpu', torch.float64)
-    assert _torch.device_present('cpu') and not _torch.device_present('no_such_device')
-    assert not _torch.kernels_support('no_such_device', torch.float16)
+        assert isinstance(_torch.caps.kernels_support('cpu', dtype), bool)
+        assert isinstance(_torch.autocast.autocast_supports('cpu', dtype), bool)
+        assert isinstance(_torch.caps.fused_check_supports('cpu', dtype), bool)
+    assert _torch.caps.kernels_support('cpu', torch.bfloat16)  # every supported torch has these
+    assert _torch.autocast.autocast_supports('cpu', torch.bfloat16)
+    assert not _torch.autocast.autocast_supports('cpu', torch.float64)
+    assert _torch.probes.device_present('cpu') and not _torch.probes.device_present('no_such_device')
+    assert not _torch.caps.kernels_support('no_such_device', torch.float16)
 
 
 def test_probes_leave_the_autocast_state_as_it_was():
     before = _cpu_state()
     with torch.autocast('cpu', dtype=torch.bfloat16):
-        _torch._probe_cache.clear()
+        _torch.probes._probe_cache.clear()
         for dtype in (torch.float16, torch.bfloat16, torch.float64):
-            _torch.autocast_supports('cpu', dtype)
-            _torch.autocast_norms_support('cpu', dtype)
+            _torch.autocast.autocast_supports('cpu', dtype)
+            _torch.caps.autocast_norms_support('cpu', dtype)
         assert _cpu_state() == (True, torch.bfloat16)
     assert _cpu_state() == before
 
@@ -652,24 +652,24 @@ def test_backend_for_fails_up_front_without_kernels(monkeypatch, dtype):
     name, other_name = str(dtype)[6:], str(other)[6:]
     for backend in (None, 'native', 'legacy'):
         with pytest.raises(ValueError, match=f'{name} is not supported on cpu by torch') as info:
-            _torch.backend_for(backend, 'cpu', dtype)
-        if _torch.kernels_support('cpu', other):
+            _torch.caps.backend_for(backend, 'cpu', dtype)
+        if _torch.caps.kernels_support('cpu', other):
             assert f'use dtype=torch.{other_name}' in str(info.value)
     _pretend(monkeypatch, 'kernels', 'cpu', other, False)
     with pytest.raises(ValueError, match='train in float32 there'):
-        _torch.backend_for(None, 'cpu', dtype)
+        _torch.caps.backend_for(None, 'cpu', dtype)
 
 
 def test_backend_for_falls_back_to_legacy_where_autocast_lacks_the_dtype(monkeypatch):
     _pretend(monkeypatch, 'kernels', 'cpu', torch.float16, True)
     _pretend(monkeypatch, 'autocast', 'cpu', torch.float16, False)
-    monkeypatch.delenv(_torch.BACKEND_ENV, raising=False)
-    _torch.refresh()
-    assert _torch.backend_for(None, 'cpu', torch.float16) == 'legacy'
-    assert _torch.backend_for('legacy', 'cpu', torch.float16) == 'legacy'
+    monkeypatch.delenv(_torch.versions.BACKEND_ENV, raising=False)
+    _torch.decisions.refresh()
+    assert _torch.caps.backend_for(None, 'cpu', torch.float16) == 'legacy'
+    assert _torch.caps.backend_for('legacy', 'cpu', torch.float16) == 'legacy'
     with pytest.raises(ValueError, match="backend='native' cannot train float16 on cpu: "
                                          'torch.autocast does not support float16 on cpu'):
-        _torch.backend_for('native', 'cpu', torch.float16)
+        _torch.caps.backend_for('native', 'cpu', torch.float16)
 
 
 def test_backend_for_needs_a_grad_scaler_for_float16_only(monkeypatch):
@@ -678,36 +678,36 @@ def test_backend_for_needs_a_grad_scaler_for_float16_only(monkeypatch):
         _pretend(monkeypatch, 'autocast', 'cpu', dtype, True)
         _pretend(monkeypatch, 'autocast_norms', 'cpu', dtype, True)
     monkeypatch.setattr(_torch.factory, '_AMP_GRAD_SCALER', None)  # only torch.cuda.amp.GradScaler
-    monkeypatch.delenv(_torch.BACKEND_ENV, raising=False)
-    _torch.refresh()
-    assert not _torch.grad_scaler_supports('cpu')
-    assert 'GradScaler for cpu' in _torch.native_reason('cpu', torch.float16)
-    assert _torch.backend_for(None, 'cpu', torch.float16) == 'legacy'
-    assert _torch.backend_for(None, 'cpu', torch.bfloat16) == 'native'  # nothing to scale
+    monkeypatch.delenv(_torch.versions.BACKEND_ENV, raising=False)
+    _torch.decisions.refresh()
+    assert not _torch.caps.grad_scaler_supports('cpu')
+    assert 'GradScaler for cpu' in _torch.caps.native_reason('cpu', torch.float16)
+    assert _torch.caps.backend_for(None, 'cpu', torch.float16) == 'legacy'
+    assert _torch.caps.backend_for(None, 'cpu', torch.bfloat16) == 'native'  # nothing to scale
     with pytest.raises(ValueError, match="or dtype=torch.bfloat16"):
-        _torch.backend_for('native', 'cpu', torch.float16)
+        _torch.caps.backend_for('native', 'cpu', torch.float16)
 
 
 def test_backend_for_norms_matter_only_for_models_that_have_them(monkeypatch):
     _pretend(monkeypatch, 'kernels', 'cpu', torch.bfloat16, True)
     _pretend(monkeypatch, 'autocast', 'cpu', torch.bfloat16, True)
     _pretend(monkeypatch, 'autocast_norms', 'cpu', torch.bfloat16, False)
-    monkeypatch.delenv(_torch.BACKEND_ENV, raising=False)
-    _torch.refresh()
+    monkeypatch.delenv(_torch.versions.BACKEND_ENV, raising=False)
+    _torch.decisions.refresh()
     with_norm = nn.Sequential(nn.Linear(2, 4), nn.GroupNorm(2, 4))
-    assert _torch.backend_for(None, 'cpu', torch.bfloat16, with_norm) == 'legacy'
-    assert _torch.backend_for(None, 'cpu', torch.bfloat16, nn.Linear(2, 2)) == 'native'
-    assert _torch.backend_for(None, 'cpu', torch.bfloat16) == 'native'  # no model to convert
-    assert _torch.backend_for('native', 'cpu', torch.bfloat16, with_norm) == 'native'
-    rows = dict(_torch.capability_rows('cpu'))
+    assert _torch.caps.backend_for(None, 'cpu', torch.bfloat16, with_norm) == 'legacy'
+    assert _torch.caps.backend_for(None, 'cpu', torch.bfloat16, nn.Linear(2, 2)) == 'native'
+    assert _torch.caps.backend_for(None, 'cpu', torch.bfloat16) == 'native'  # no model to convert
+    assert _torch.caps.backend_for('native', 'cpu', torch.bfloat16, with_norm) == 'native'
+    rows = dict(_torch.caps.capability_rows('cpu'))
     assert 'legacy for models with Group/LayerNorm' in rows['bfloat16']
 
 
 def test_backend_for_old_torch_is_legacy(old_torch):
     dtype = _caps.LEGACY_LOW
-    assert _torch.backend_for(None, 'cpu', dtype) == 'legacy'
+    assert _torch.caps.backend_for(None, 'cpu', dtype) == 'legacy'
     with pytest.raises(ValueError, match='needs torch >= 1.6'):
-        _torch.backend_for('native', 'cpu', dtype)
+        _torch.caps.backend_for('native', 'cpu', dtype)
 
 
 def test_wrappers_and_hooks_choose_legacy_where_native_cannot_run(monkeypatch):
@@ -715,8 +715,8 @@ def test_wrappers_and_hooks_choose_legacy_where_native_cannot_run(monkeypatch):
 
     dtype = _caps.LEGACY_LOW
     _pretend(monkeypatch, 'autocast', 'cpu', dtype, False)
-    monkeypatch.delenv(_torch.BACKEND_ENV, raising=False)
-    _torch.refresh()
+    monkeypatch.delenv(_torch.versions.BACKEND_ENV, raising=False)
+    _torch.decisions.refresh()
     model = nn.Linear(2, 2)
     wrapper = fp16utils.AmpOptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1),
                                         dtype=dtype, model=model)
@@ -740,7 +740,7 @@ def test_wrappers_and_hooks_choose_legacy_where_native_cannot_run(monkeypatch):
 
 
 def test_capability_rows_name_every_capability():
-    rows = dict(_torch.capability_rows('cpu'))
+    rows = dict(_torch.caps.capability_rows('cpu'))
     assert set(rows) == {'float16', 'bfloat16'}
     for text in rows.values():
         for word in ('kernels', 'autocast', 'fused overflow check', '->'):
@@ -751,14 +751,14 @@ def test_capability_rows_name_every_capability():
 def test_autocast_for_an_unsupported_pair_is_off_without_a_warning():
     with warnings.catch_warnings():
         warnings.simplefilter('error')
-        with _torch.autocast_for('cpu', torch.float64):
+        with _torch.autocast.autocast_for('cpu', torch.float64):
             assert _cpu_state()[0] is False
             assert _mm().dtype == torch.float32
 
 
 @pytest.mark.parametrize('native_hooks', [True, False])
 def test_forward_pre_hook_with_kwargs_on_any_torch(monkeypatch, native_hooks):
-    if native_hooks and not _torch.forward_pre_hook_takes_kwargs():
+    if native_hooks and not _torch.compat.forward_pre_hook_takes_kwargs():
         pytest.skip('register_forward_pre_hook takes no with_kwargs here')
     monkeypatch.setattr(_torch.compat, '_PRE_HOOK_KWARGS', native_hooks)
 
@@ -773,7 +773,7 @@ def test_forward_pre_hook_with_kwargs_on_any_torch(monkeypatch, native_hooks):
         seen.append((module, kwargs.get('scale')))
         return (args[0] + 1,), {'scale': kwargs.get('scale', 1.0) * 10}
 
-    handle = _torch.register_forward_pre_hook_with_kwargs(m, hook)
+    handle = _torch.compat.register_forward_pre_hook_with_kwargs(m, hook)
     assert m(torch.ones(1), scale=2.0).item() == 40.0
     assert seen == [(m, 2.0)]
     handle.remove()
@@ -786,7 +786,7 @@ def test_forward_pre_hook_emulation_keeps_a_patched_forward(monkeypatch):
     lin = nn.Linear(2, 2)
     patched = lambda x: x * 0  # noqa: E731 - an instance forward, as patch_norm_fp32 sets
     lin.forward = patched
-    handle = _torch.register_forward_pre_hook_with_kwargs(lin, lambda m, a, k: None)
+    handle = _torch.compat.register_forward_pre_hook_with_kwargs(lin, lambda m, a, k: None)
     assert lin(torch.ones(1, 2)).sum().item() == 0.0
     handle.remove()
     assert lin.__dict__['forward'] is patched
@@ -799,7 +799,7 @@ def test_foreach_copy(monkeypatch, fused):
     if not fused:
         monkeypatch.setattr(_torch.compat, '_foreach_copy', None)
     dst = [torch.zeros(2), torch.zeros(3, dtype=torch.bfloat16)]
-    _torch.foreach_copy_(dst, [torch.ones(2), torch.full((3,), 2.0)])
+    _torch.compat.foreach_copy_(dst, [torch.ones(2), torch.full((3,), 2.0)])
     assert dst[0].tolist() == [1.0, 1.0] and dst[1].tolist() == [2.0] * 3
     assert dst[1].dtype == torch.bfloat16
 
@@ -810,10 +810,10 @@ def test_clip_helpers_drop_foreach_where_torch_lacks_it(monkeypatch):
     monkeypatch.setattr(_torch.compat, '_CLIP_NORM_ARGS', frozenset({'parameters', 'max_norm'}))
     calls = []
     monkeypatch.setattr(_torch.compat, '_clip_norm', lambda params, **kw: calls.append(kw) or 1.0)
-    _torch.clip_grad_norm_([p], max_norm=1.0, foreach=None)
+    _torch.compat.clip_grad_norm_([p], max_norm=1.0, foreach=None)
     assert calls == [{'max_norm': 1.0}]
     monkeypatch.undo()
-    norm = _torch.clip_grad_norm_([p], max_norm=1.0, foreach=None)
+    norm = _torch.compat.clip_grad_norm_([p], max_norm=1.0, foreach=None)
     assert float(norm) == 6.0 and torch.allclose(p.grad.norm(), torch.tensor(1.0))
 
 

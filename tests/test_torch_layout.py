@@ -81,11 +81,11 @@ def test_package_init_only_imports_and_lists_names():
 
 
 def test_reexports_are_the_defining_modules_objects():
-    assert _torch.resolve_backend is _torch.versions.resolve_backend
-    assert _torch.call_autocast is _torch.autocast.call_autocast
-    assert _torch.make_grad_scaler is _torch.factory.make_grad_scaler
-    assert _torch._probe_cache is _torch.probes._probe_cache
-    assert _torch.module_device_type is _torch.models.module_device_type
+    assert _torch.versions.resolve_backend is _torch.versions.resolve_backend
+    assert _torch.autocast.call_autocast is _torch.autocast.call_autocast
+    assert _torch.factory.make_grad_scaler is _torch.factory.make_grad_scaler
+    assert _torch.probes._probe_cache is _torch.probes._probe_cache
+    assert _torch.models.module_device_type is _torch.models.module_device_type
 
 
 # ------------------------------------------------------------- model helpers
@@ -101,38 +101,38 @@ class _Wrapper(nn.Module):
 
 def test_unwrap_model_looks_through_data_parallel_only_by_default():
     inner = nn.Linear(2, 2)
-    assert _torch.unwrap_model(inner) is inner
-    assert _torch.unwrap_model(nn.DataParallel(inner)) is inner  # no GPU: still wraps
+    assert _torch.models.unwrap_model(inner) is inner
+    assert _torch.models.unwrap_model(nn.DataParallel(inner)) is inner  # no GPU: still wraps
     wrapped = _Wrapper(inner)
-    assert _torch.unwrap_model(wrapped) is wrapped  # not a DataParallel/DDP
-    assert _torch.unwrap_model(wrapped, any_wrapper=True) is inner
-    assert _torch.unwrap_model(nn.DataParallel(nn.DataParallel(inner))).module is inner
+    assert _torch.models.unwrap_model(wrapped) is wrapped  # not a DataParallel/DDP
+    assert _torch.models.unwrap_model(wrapped, any_wrapper=True) is inner
+    assert _torch.models.unwrap_model(nn.DataParallel(nn.DataParallel(inner))).module is inner
 
 
 def test_module_device_type_parameters_then_buffers_then_default():
-    assert _torch.module_device_type(nn.Linear(1, 1)) == 'cpu'
-    assert _torch.module_device_type(nn.Linear(1, 1, device='meta')) == 'meta'
+    assert _torch.models.module_device_type(nn.Linear(1, 1)) == 'cpu'
+    assert _torch.models.module_device_type(nn.Linear(1, 1, device='meta')) == 'meta'
     bn = nn.BatchNorm1d(2, affine=False).to('meta')  # buffers only
-    assert list(bn.parameters()) == [] and _torch.module_device_type(bn) == 'meta'
-    assert _torch.module_device_type(nn.ReLU()) == 'cpu'
-    assert _torch.module_device_type(nn.ReLU(), None) is None
-    assert _torch.module_device_type(nn.ReLU(), 'cuda') == 'cuda'
-    assert _torch.module_device_type(object()) == 'cpu'
+    assert list(bn.parameters()) == [] and _torch.models.module_device_type(bn) == 'meta'
+    assert _torch.models.module_device_type(nn.ReLU()) == 'cpu'
+    assert _torch.models.module_device_type(nn.ReLU(), None) is None
+    assert _torch.models.module_device_type(nn.ReLU(), 'cuda') == 'cuda'
+    assert _torch.models.module_device_type(object()) == 'cpu'
     mixed = nn.Sequential(nn.BatchNorm1d(2, affine=False), nn.Linear(1, 1, device='meta'))
-    assert _torch.module_device_type(mixed) == 'meta'  # a parameter wins over a buffer
+    assert _torch.models.module_device_type(mixed) == 'meta'  # a parameter wins over a buffer
 
 
 def test_module_device_type_cache_follows_moves_and_swaps():
     model = nn.Sequential(nn.Linear(1, 1))
-    path = _torch.TensorPath()
-    assert _torch.module_device_type(model, cache=path) == 'cpu'
+    path = _torch.models.TensorPath()
+    assert _torch.models.module_device_type(model, cache=path) == 'cpu'
     assert path.name == 'weight' and path.owner() is model[0]
     model.to('meta')  # the path is read anew: the move is seen
-    assert _torch.module_device_type(model, cache=path) == 'meta'
+    assert _torch.models.module_device_type(model, cache=path) == 'meta'
     model[0] = nn.Linear(1, 1)  # the cached owner is gone from the model: walked again
-    assert _torch.module_device_type(model, cache=path) in ('cpu', 'meta')
+    assert _torch.models.module_device_type(model, cache=path) in ('cpu', 'meta')
     other = nn.Linear(1, 1, device='meta')
-    assert _torch.module_device_type(other, cache=path) == 'meta'  # another model: walked
+    assert _torch.models.module_device_type(other, cache=path) == 'meta'  # another model: walked
     assert path.model() is other
     import pickle
     copy = pickle.loads(pickle.dumps(path))
@@ -141,13 +141,13 @@ def test_module_device_type_cache_follows_moves_and_swaps():
 
 def test_module_device_type_cache_of_a_buffer_only_model():
     model = nn.BatchNorm1d(2, affine=False)
-    path = _torch.TensorPath()
-    assert _torch.module_device_type(model, cache=path) == 'cpu'
+    path = _torch.models.TensorPath()
+    assert _torch.models.module_device_type(model, cache=path) == 'cpu'
     assert path.name == 'running_mean'
     model.to('meta')
-    assert _torch.module_device_type(model, cache=path) == 'meta'
-    assert _torch.own_tensor(model, 'running_mean').device.type == 'meta'
-    assert _torch.own_tensor(model, 'nothing') is None
+    assert _torch.models.module_device_type(model, cache=path) == 'meta'
+    assert _torch.models.own_tensor(model, 'running_mean').device.type == 'meta'
+    assert _torch.models.own_tensor(model, 'nothing') is None
 
 
 # ----------------------------------------------- no private torch reads outside _torch

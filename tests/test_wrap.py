@@ -125,13 +125,13 @@ def test_automatic_backend_follows_what_torch_supports(dtype):
 @pytest.mark.parametrize('dtype', [F16, BF16])
 def test_a_dtype_without_kernels_fails_up_front(monkeypatch, dtype, backend):
     # What torch without float16 CPU kernels does, on every torch: the probe's answer.
-    monkeypatch.setitem(_torch._probe_cache, ('kernels', 'cpu', dtype), False)
+    monkeypatch.setitem(_torch.probes._probe_cache, ('kernels', 'cpu', dtype), False)
     other = BF16 if dtype == F16 else F16
     model = make()
     with pytest.raises(ValueError, match=f'{_caps.NAMES[dtype]} is not supported on cpu') as info:
         wrap_fp16_model(model, dtype=dtype, backend=backend)
     message = str(info.value)
-    if _torch.kernels_support('cpu', other):
+    if _torch.caps.kernels_support('cpu', other):
         assert f'use dtype=torch.{_caps.NAMES[other]}' in message
     assert not model.fp16_enabled and model.block.conv.weight.dtype == F32  # nothing changed
 

@@ -16,10 +16,10 @@ import torch
 from . import factory as _factory
 from . import versions as _versions
 from .autocast import autocast_supports
+from .decisions import warm_device
 from .dtypes import _LOW_NAMES, _LOW_PRECISION, needs_loss_scaling
 from .probes import _cached_probe, device_present
 from .versions import has_native_amp, resolve_backend
-from .warm import warm_device
 
 # =============================================================================
 # Capabilities of the installed torch, per device type and dtype.

@@ -15,6 +15,7 @@ Example:
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Iterator, Optional, Tuple
 
 import torch
@@ -22,7 +23,6 @@ import torch.nn.modules.batchnorm as _batchnorm
 import torch.nn.modules.instancenorm as _instancenorm
 from torch import nn
 
-from .._weak import CacheRef
 from .tracing import is_compiling as _is_compiling
 
 __all__ = ['BatchNormBase', 'InstanceNormBase', 'TensorPath', 'has_no_sync',
@@ -36,6 +36,26 @@ BatchNormBase: type = getattr(_batchnorm, '_BatchNorm', nn.BatchNorm1d.__mro__[1
 #: ``torch.nn.modules.instancenorm._InstanceNorm``; else ``InstanceNorm1d``'s base class.
 InstanceNormBase: type = getattr(_instancenorm, '_InstanceNorm', nn.InstanceNorm1d.__mro__[1])
 
+def _dead() -> None:
+    return None
+
+
+class CacheRef(weakref.ref):
+    """A ``weakref.ref`` for a cache: pickled or deep-copied, it comes back as None.
+
+    A plain ``weakref.ref`` cannot be pickled; a copy of this one comes back dead,
+    so its owner recomputes what it had cached and never drags the original along.
+    """
+
+    __slots__ = ()
+
+    def __reduce__(self) -> Any:
+        return _dead, ()
+
+    def __deepcopy__(self, memo: Any) -> None:
+        return None
+
+
 #: The wrappers that :func:`unwrap_model` looks through (one level).
 PARALLEL_WRAPPERS = (nn.DataParallel, nn.parallel.DistributedDataParallel)
 _MISSING = object()
@@ -47,7 +67,7 @@ class TensorPath:
     Holds the model, the submodule that owns the tensor and its name, never
     the tensor, so ``model.to(...)``, parameters replaced by
     ``load_state_dict(..., assign=True)`` and swapped modules are seen. Pickled
-    or deep-copied, it comes back empty (see :class:`fp16utils._weak.CacheRef`).
+    or deep-copied, it comes back empty (see :class:`CacheRef`).
 
     Example:
         >>> from torch import nn

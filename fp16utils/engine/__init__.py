@@ -1,7 +1,7 @@
 """The step engine: how an optimizer step is taken, skipped, recorded, saved and restored.
 
 Both training styles drive the same engine: the 1.x optimizer wrappers
-(:mod:`fp16utils.optim`) and the 0.x hooks (:mod:`fp16utils.hooks`) only say
+(:mod:`fp16utils.optim`) and the 0.x hooks (:mod:`fp16utils.hooks.optimizer`) only say
 *when* to backward and to step, and where the state lives in a checkpoint.
 Three engines share one interface:
 
@@ -23,7 +23,7 @@ Example:
     >>> from torch import nn
     >>> model = nn.Linear(2, 1)
     >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    >>> from fp16utils._spec import TORCH_DYNAMIC
+    >>> from fp16utils._args.spec import TORCH_DYNAMIC
     >>> engine = NativeEngine(TORCH_DYNAMIC, torch.float16, lambda: 'cpu')
     >>> engine.backward(model(torch.ones(1, 2)).sum())
     >>> engine.step(optimizer, step=1, kwargs={})

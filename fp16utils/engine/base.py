@@ -19,8 +19,8 @@ from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Tup
 import torch
 from torch import nn
 
-from .. import _torch
-from .._spec import SCALE_HISTORY_LEN, check_scaler_state, check_stats, nonfinite_error
+from .._args.spec import SCALE_HISTORY_LEN, check_scaler_state, check_stats, nonfinite_error
+from .._torch import compat, ops
 from ..scaler import non_finite_check_
 from . import ranks
 from .checks import check_tensors, read_pending_window
@@ -65,8 +65,8 @@ def _dense_grads(params: List[Any]) -> List[_Tensor]:
         if grad is None:
             continue
         if grad.is_sparse:
-            grad = _torch.sparse_values(grad)
-        grads.append(_torch.local_tensor(grad))  # FSDP2: this rank's shard
+            grad = ops.sparse_values(grad)
+        grads.append(ops.local_tensor(grad))  # FSDP2: this rank's shard
     return grads
 
 
@@ -74,8 +74,8 @@ def _clip(params: List[_Tensor], clip: Clip) -> Optional[_Tensor]:
     """Clip the gradients of ``params``; return the total norm (norm clipping) or None."""
     kind, kwargs = clip
     if kind == 'norm':
-        return _torch.clip_grad_norm_(params, **kwargs)
-    _torch.clip_grad_value_(params, **kwargs)
+        return compat.clip_grad_norm_(params, **kwargs)
+    compat.clip_grad_value_(params, **kwargs)
     return None
 
 
@@ -149,7 +149,7 @@ class StepEngine:
     """Float32 steps: backward, clip, step. The base engine, with no-op defaults.
 
     Args:
-        clip: A parsed ``clip_grad`` (see :func:`fp16utils._spec.parse_clip_grad`).
+        clip: A parsed ``clip_grad`` (see :func:`fp16utils._args.spec.parse_clip_grad`).
         nonfinite: What to do with an inf/nan gradient (``'ignore'``: apply it).
 
     Attributes:

@@ -1,7 +1,7 @@
 """The step driver: what both training styles do around the engine, kept in one place.
 
 The 1.x optimizer wrappers (:mod:`fp16utils.optim`) and the 0.x hooks
-(:mod:`fp16utils.hooks`) each own a :class:`StepDriver`. It runs the backward
+(:mod:`fp16utils.hooks.optimizer`) each own a :class:`StepDriver`. It runs the backward
 pass under the overflow guard, takes (or skips) the step and says what
 happened as a :class:`~fp16utils.StepResult`, counts the steps taken, keeps
 the last result, handles an iteration that raises (see
@@ -29,7 +29,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 
 import torch
 
-from .._spec import check_scaler_state, check_stats
+from .._args.spec import check_scaler_state, check_stats
 from .base import ResumeState, StepEngine, pending_grads
 from .checks import PENDING_KEY, check_tensors
 from .guard import OverflowGuard

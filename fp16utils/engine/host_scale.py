@@ -7,7 +7,7 @@ fp16utils' floor and ceiling, so that it knows the scale after each step
 without reading it back.
 
 Example:
-    >>> from fp16utils._spec import TORCH_DYNAMIC
+    >>> from fp16utils._args.spec import TORCH_DYNAMIC
     >>> host = HostScale(TORCH_DYNAMIC._replace(init_scale=8.0, growth_interval=2))
     >>> host.count_clean(), host.count_clean(), host.scale
     (False, True, 16.0)
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, Mapping, Tuple
 
-from .._limits import to_float32
-from .._spec import MIN_LOSS_SCALE, ScaleSpec, grow_scale, shrink_scale
+from .._args.limits import to_float32
+from .._args.spec import MIN_LOSS_SCALE, ScaleSpec, grow_scale, shrink_scale
 
 __all__ = ['HostScale']
 
@@ -37,12 +37,12 @@ class HostScale:
         growth_factor: Applied after ``growth_interval`` clean steps.
         backoff_factor: Applied after an overflow.
         growth_interval: Clean steps between growths.
-        min_scale: The floor of a backoff: :data:`~fp16utils._spec.MIN_LOSS_SCALE`,
+        min_scale: The floor of a backoff: :data:`~fp16utils._args.spec.MIN_LOSS_SCALE`,
             or the initial scale when that is lower (GradScaler has no floor: a long
             run of overflows would shrink the scale until ``1/scale`` is inf).
 
     Example:
-        >>> from fp16utils._spec import TORCH_DYNAMIC
+        >>> from fp16utils._args.spec import TORCH_DYNAMIC
         >>> host = HostScale(TORCH_DYNAMIC._replace(init_scale=2.0))
         >>> host.back_off(), host.back_off()  # floored at 1
         (1.0, 1.0)
@@ -71,7 +71,7 @@ class HostScale:
         """After a clean step: count it; grow every ``growth_interval``; say whether it grew.
 
         The growth is GradScaler's (float32, the scale kept where that is inf),
-        never beyond :data:`~fp16utils._spec.MAX_LOSS_SCALE`.
+        never beyond :data:`~fp16utils._args.spec.MAX_LOSS_SCALE`.
         """
         self.tracker += 1
         if self.tracker != self.growth_interval:

@@ -2,7 +2,7 @@
 
 Example:
     >>> import torch
-    >>> from fp16utils._spec import MMCV_DYNAMIC
+    >>> from fp16utils._args.spec import MMCV_DYNAMIC
     >>> model = torch.nn.Linear(2, 1)
     >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     >>> engine = LegacyEngine(optimizer, MMCV_DYNAMIC, torch.float16, 'example')
@@ -19,14 +19,14 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 import torch
 from torch import nn
 
-from .. import _torch
-from .._spec import (
+from .._args.spec import (
     MIN_LOSS_SCALE,
     ScaleSpec,
     grad_scaler_to_mmcv_state,
     mmcv_to_grad_scaler_state,
     nonfinite_error,
 )
+from .._torch import compat, dtypes, ops
 from ..scaler import LossScaler, non_finite_check_
 from . import ranks
 from .base import Clip, StepEngine, flat_params
@@ -53,7 +53,7 @@ class LegacyEngine(StepEngine):
         spec: The parsed ``loss_scale``.
         dtype: The low-precision dtype.
         owner: Who builds it, for error messages.
-        nonfinite: See :data:`fp16utils._spec.NONFINITE_POLICIES`.
+        nonfinite: See :data:`fp16utils._args.spec.NONFINITE_POLICIES`.
         clip: A parsed ``clip_grad`` (the masters are clipped).
 
     Attributes:
@@ -81,14 +81,14 @@ class LegacyEngine(StepEngine):
         if len({id(p) for p in originals}) != len(originals):
             raise ValueError(f'{owner}: a parameter appears twice in the optimizer\'s '
                              'param_groups; give each parameter to one group only.')
-        if spec.enabled and _torch.needs_loss_scaling(dtype) and not spec.static and (
+        if spec.enabled and dtypes.needs_loss_scaling(dtype) and not spec.static and (
                 not math.isclose(spec.growth_factor * spec.backoff_factor, 1.0, rel_tol=1e-6)):
             raise ValueError(
                 f"{owner}: the legacy backend's LossScaler backs off by 1/growth_factor, "
                 f'but loss_scale asks for growth_factor={spec.growth_factor} and '
                 f'backoff_factor={spec.backoff_factor}; drop backoff_factor or make it '
                 '1/growth_factor.')
-        self.enabled = spec.enabled and _torch.needs_loss_scaling(dtype)
+        self.enabled = spec.enabled and dtypes.needs_loss_scaling(dtype)
         self.loss_scaler = LossScaler(
             init_scale=spec.init_scale, mode='static' if spec.static else 'dynamic',
             scale_factor=spec.growth_factor, scale_window=spec.growth_interval)
@@ -131,7 +131,7 @@ class LegacyEngine(StepEngine):
 
         Example:
             >>> import torch
-            >>> from fp16utils._spec import MMCV_DYNAMIC
+            >>> from fp16utils._args.spec import MMCV_DYNAMIC
             >>> optimizer = torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1)
             >>> engine = LegacyEngine(optimizer, MMCV_DYNAMIC, torch.float16, 'example')
             >>> optimizer.add_param_group({'params': [torch.nn.Parameter(torch.ones(3))]})
@@ -200,7 +200,7 @@ class LegacyEngine(StepEngine):
         else:
             grads = [p.grad for p in self.model_params if p.grad is not None]
             if grads:
-                _torch.foreach_zero_(grads)
+                ops.foreach_zero_(grads)
 
     def copy_grads_to_masters(self) -> List[_Tensor]:
         """Copy the model's gradients into the masters' (float32); return those.
@@ -218,7 +218,7 @@ class LegacyEngine(StepEngine):
                 continue
             if grad.is_sparse:
                 m.grad = grad.to(torch.float32, copy=True)
-                sparse.append(_torch.sparse_values(m.grad))
+                sparse.append(ops.sparse_values(m.grad))
                 continue
             mgrad = m.grad
             if mgrad is None:
@@ -226,13 +226,13 @@ class LegacyEngine(StepEngine):
             src.append(grad)
             dst.append(mgrad)
         if dst:
-            _torch.foreach_copy_(dst, src)
+            compat.foreach_copy_(dst, src)
         return dst + sparse if sparse else dst
 
     def copy_masters_to_model(self) -> None:
         """Copy the float32 masters into the (half) model's parameters."""
         with torch.no_grad():
-            _torch.foreach_copy_(self.model_params, self._masters)
+            compat.foreach_copy_(self.model_params, self._masters)
 
     def _step(self, optimizer: torch.optim.Optimizer, step: int,
               kwargs: Mapping[str, Any]) -> bool:
@@ -314,7 +314,7 @@ class LegacyEngine(StepEngine):
         with torch.no_grad():
             if masters is None:
                 if reread:
-                    _torch.foreach_copy_(self._masters, self.model_params)
+                    compat.foreach_copy_(self._masters, self.model_params)
                 return
-            _torch.foreach_copy_(self._masters, list(masters))
-            _torch.foreach_copy_(self.model_params, self._masters)
+            compat.foreach_copy_(self._masters, list(masters))
+            compat.foreach_copy_(self.model_params, self._masters)

@@ -2,7 +2,7 @@
 
 Example:
     >>> import torch
-    >>> from fp16utils._spec import TORCH_DYNAMIC
+    >>> from fp16utils._args.spec import TORCH_DYNAMIC
     >>> engine = NativeEngine(TORCH_DYNAMIC, torch.bfloat16, lambda: 'cpu')
     >>> engine.enabled, engine.loss_scale  # bfloat16 needs no loss scaling
     (False, 1.0)
@@ -14,9 +14,9 @@ from typing import Any, Callable, Dict, Mapping, Optional
 
 import torch
 
-from .. import _torch
-from .._limits import grad_scaler_bounds_error
-from .._spec import ScaleSpec, check_scaler_state, mmcv_to_grad_scaler_state, nonfinite_error
+from .._args.limits import grad_scaler_bounds_error
+from .._args.spec import ScaleSpec, check_scaler_state, mmcv_to_grad_scaler_state, nonfinite_error
+from .._torch import dtypes, factory
 from .._torch import state as _state
 from . import ranks
 from .base import Clip, StepEngine
@@ -55,7 +55,7 @@ class NativeEngine(StepEngine):
         dtype: The low-precision dtype (bfloat16 gets no scaling).
         device_type: Returns the device type of the gradients (the GradScaler
             is made lazily, at the first scaled backward).
-        nonfinite: See :data:`fp16utils._spec.NONFINITE_POLICIES`.
+        nonfinite: See :data:`fp16utils._args.spec.NONFINITE_POLICIES`.
         clip: A parsed ``clip_grad``.
         agree_across_ranks: None (agree when the world size is > 1), True,
             False or a process group: the found-inf flag is all-reduced (max)
@@ -73,7 +73,7 @@ class NativeEngine(StepEngine):
                  owner: str = 'NativeEngine') -> None:
         super().__init__(clip, nonfinite)
         self.agree_across_ranks = agree_across_ranks
-        self.enabled = spec.enabled and _torch.needs_loss_scaling(dtype)
+        self.enabled = spec.enabled and dtypes.needs_loss_scaling(dtype)
         self.static = spec.static
         self._host = HostScale(spec)
         self._device_type = device_type
@@ -98,9 +98,9 @@ class NativeEngine(StepEngine):
             if self.enabled:
                 scaler = _state.make_observed_grad_scaler(
                     self._device_type(), self._check_outside_state, **args)
-                _torch.quiet_grad_scaler_load(scaler, host.state_dict())  # the tracker too
+                _state.quiet_grad_scaler_load(scaler, host.state_dict())  # the tracker too
             else:
-                scaler = _torch.make_grad_scaler(self._device_type(), **args)
+                scaler = factory.make_grad_scaler(self._device_type(), **args)
             self._scaler, self._made_here = scaler, True
             self._seen_changes = self._changes(scaler)
         return scaler
@@ -156,12 +156,12 @@ class NativeEngine(StepEngine):
 
     def _quiet_update(self, scaler: Any, new_scale: Any = None) -> None:
         """``scaler.update(new_scale)``, not taken for an outside change."""
-        _torch.quiet_grad_scaler_update(scaler, new_scale)
+        _state.quiet_grad_scaler_update(scaler, new_scale)
         self._seen_changes = self._changes(scaler)
 
     def _quiet_load(self, scaler: Any) -> None:
         """Give ``scaler`` the host mirror, not taken for an outside change."""
-        _torch.quiet_grad_scaler_load(scaler, self._host.state_dict())
+        _state.quiet_grad_scaler_load(scaler, self._host.state_dict())
         self._seen_changes = self._changes(scaler)
 
     def _check_scaler_state(self, state: Mapping[str, Any], owner: str) -> None:
@@ -211,7 +211,7 @@ class NativeEngine(StepEngine):
     def _step(self, optimizer: torch.optim.Optimizer, step: int,
               kwargs: Mapping[str, Any]) -> bool:
         scaler = self._scaler
-        if not self.enabled or scaler is None or not _torch.grad_scaler_started(scaler):
+        if not self.enabled or scaler is None or not _state.grad_scaler_started(scaler):
             # No loss scaling (bfloat16, or disabled), or no scaled backward yet.
             return super()._step(optimizer, step, kwargs)
         if 'closure' in kwargs:
@@ -233,7 +233,7 @@ class NativeEngine(StepEngine):
         if not check_first:
             self.clip_grads(optimizer)
         self._follow_scaler()
-        found = _torch.grad_scaler_found_inf(scaler, optimizer)
+        found = _state.grad_scaler_found_inf(scaler, optimizer)
         host = self._host
         reduce, _ = self._agreement()
         if reduce is not None:  # in place: fused kernels and the update see the agreed flag
@@ -254,7 +254,7 @@ class NativeEngine(StepEngine):
         skipped = bool(flag)
         if check_first and not skipped:
             self.clip_grads(optimizer)
-        if _torch.optimizer_handles_unscaling(optimizer):
+        if _state.optimizer_handles_unscaling(optimizer):
             scaler.step(optimizer, **kwargs)  # fused optimizers skip inside their kernel
         elif not skipped:
             optimizer.step(**kwargs)  # what GradScaler.step does once the flag is known
@@ -311,7 +311,7 @@ class NativeEngine(StepEngine):
         scaler = self._scaler
         if scaler is None or not self.enabled:
             return
-        _torch.reset_grad_scaler_step(scaler)
+        _state.reset_grad_scaler_step(scaler)
         self._quiet_load(scaler)
 
     def state_dict(self) -> Dict[str, Any]:

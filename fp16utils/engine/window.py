@@ -13,8 +13,8 @@ from typing import Any, Optional
 
 from torch import nn
 
-from .._spec import check_positive_int
-from .._torch import BatchNormBase as _BatchNorm
+from .._args.spec import check_positive_int
+from .._torch.models import BatchNormBase as _BatchNorm
 
 __all__ = ['AccumulationWindow']
 

@@ -17,8 +17,8 @@ import copy
 from collections.abc import Mapping
 from typing import Any, Optional
 
-from .._keys import FP16_HOOK_ARGS, unknown_keys_message
-from .._spec import is_positive_int
+from .._args.keys import FP16_HOOK_ARGS, unknown_keys_message
+from .._args.spec import is_positive_int
 from ._loss_scale import MMCV_DEFAULT_LOSS_SCALE, convert_loss_scale
 
 __all__ = ['ConfigConverter', 'wrapper_entries', 'wrapper_layout']

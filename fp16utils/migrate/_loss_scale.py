@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .._spec import GRAD_SCALER_ARGS, is_number, parse_loss_scale, positive_finite
-from .._whole import as_whole
+from .._args.numbers import as_whole
+from .._args.spec import GRAD_SCALER_ARGS, is_number, parse_loss_scale, positive_finite
 
 __all__ = ['MMCV_DEFAULT_INIT_SCALE', 'MMCV_DEFAULT_LOSS_SCALE', 'convert_loss_scale']
 

@@ -17,7 +17,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any, Optional
 
-from .._spec import PLUGIN_MODULE, PLUGIN_NAMES
+from .._args.spec import PLUGIN_MODULE, PLUGIN_NAMES
 from ._converter import ConfigConverter, wrapper_entries, wrapper_layout
 
 __all__ = [

@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-from .._keys import FP16_HOOK_ARGS, unknown_keys_message
+from .._args.keys import FP16_HOOK_ARGS, unknown_keys_message
 from ._source import (
     FP16_MODULE_LEAVES,
     FP16_NAMES,

@@ -32,7 +32,7 @@ Example:
     (0, 65536.0)
 """
 
-from .._spec import MIN_LOSS_SCALE, NONFINITE_POLICIES, SCALE_HISTORY_LEN
+from .._args.spec import MIN_LOSS_SCALE, NONFINITE_POLICIES, SCALE_HISTORY_LEN
 from .amp import AmpOptimWrapper
 from .builder import build_optim_wrapper
 from .wrapper import OptimWrapper

@@ -14,14 +14,16 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import functools
+import threading
 import uuid
-from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 import torch
 from torch import nn
 
-from .. import _torch
-from .._spec import check_cache_enabled, check_nonfinite_policy, parse_loss_scale
+from .._args.spec import check_cache_enabled, check_nonfinite_policy, parse_loss_scale
+from .._torch import autocast, caps, dtypes, models, tracing
 from ..engine import (
     LegacyEngine,
     NativeEngine,
@@ -31,9 +33,10 @@ from ..engine import (
     optimizer_device_type,
 )
 from ..engine.ranks import check_setting
-from ..keep import Fp32Modules, check_fp32_modules, keep_fp32, match_modules
+from ..fp32_modules import Fp32Modules, check_fp32_modules, keep_fp32, match_modules
 from ..precision import AUTO, auto_dtype
 from ..scaler import LossScaler
+from ..wrap import wrap_fp16_model
 from .contexts import Both, CastIO, Guarded
 from .wrapper import OptimWrapper
 
@@ -78,7 +81,7 @@ def resolve_cast_dtype(dtype: Any) -> torch.dtype:
     elif dtype in _FULL_PRECISION.values():
         return dtype
     try:
-        return _torch.resolve_dtype(dtype)
+        return dtypes.resolve_dtype(dtype)
     except ValueError:
         raise ValueError(f"Unsupported dtype {dtype!r}; expected 'float16', 'bfloat16', "
                          "'float32' or 'float64' (or the torch dtypes), 'auto' for the best "
@@ -273,9 +276,9 @@ class AmpOptimWrapper(OptimWrapper):
         self.fp32_modules = fp32_modules
         #: Marked on each model it has applied fp32_modules to (see _FP32_DONE).
         self._fp32_token = uuid.uuid4().hex
-        self.backend: str = _torch.backend_for(
+        self.backend: str = caps.backend_for(
             backend, params[0].device.type if params else 'cpu', self.dtype, model)
-        self._ctx_path = _torch.TensorPath()
+        self._ctx_path = models.TensorPath()
         self._model = model
         clip = self._engine.clip
         if self.backend == 'legacy':
@@ -291,7 +294,6 @@ class AmpOptimWrapper(OptimWrapper):
                     f'FSDP; got dtype={self.dtype}, use_fsdp={use_fsdp}: use '
                     "backend='native'." + (f' ({self.auto_reason})' if self.auto_reason else ''))
             self._engine = LegacyEngine(optimizer, spec, self.dtype, owner, nonfinite, clip)
-            from .builder import convert_or_defer  # (the builder imports this module)
             convert_or_defer(model, self.dtype, fp32_modules)
             _mark_fp32_done(model, self._fp32_token)
         else:
@@ -365,10 +367,10 @@ class AmpOptimWrapper(OptimWrapper):
         if self.backend == 'native':
             device_type = self._model_device_type(model)
             if self.dtype in _LOW_PRECISION:
-                inner: contextlib.AbstractContextManager = _torch.autocast_for(
+                inner: contextlib.AbstractContextManager = autocast.autocast_for(
                     device_type, self.dtype, cache_enabled=cache_enabled)
             else:  # float32 / float64: full precision, autocast off
-                inner = _torch.autocast_for(device_type, enabled=False)
+                inner = autocast.autocast_for(device_type, enabled=False)
         else:
             inner = CastIO(model, self.dtype)
         # The parent's context (no DDP all-reduce while accumulating), decided once.
@@ -380,7 +382,7 @@ class AmpOptimWrapper(OptimWrapper):
 
     def _first_context(self, model: nn.Module) -> None:
         """Log why 'auto' chose float32, once; apply fp32_modules to a model, once each."""
-        compiling = _torch.is_compiling()  # in a trace: no log (the next eager one logs)
+        compiling = tracing.is_compiling()  # in a trace: no log (the next eager one logs)
         if self.auto_reason is not None and not self.__dict__.get('_auto_logged') and (
                 not compiling):
             self._auto_logged = True
@@ -393,7 +395,7 @@ class AmpOptimWrapper(OptimWrapper):
                 f'{type(self).__name__}: fp32_modules={self.fp32_modules!r} are applied at the '
                 'first optim_context(model), which cannot run inside torch.compile; build '
                 'the wrapper with model=model (applied then) or enter it once before compiling.')
-        inner = _torch.unwrap_model(model)
+        inner = models.unwrap_model(model)
         keep_fp32(inner, self.fp32_modules)
         _mark_fp32_done(model, self._fp32_token)
 
@@ -406,7 +408,7 @@ class AmpOptimWrapper(OptimWrapper):
         only the path to it is cached (not inside a trace: dynamo cannot trace weakrefs
         everywhere, and the traced graph keeps the answer anyway).
         """
-        device_type = _torch.module_device_type(model, None, cache=self._ctx_path)
+        device_type = models.module_device_type(model, None, cache=self._ctx_path)
         return self._param_device_type() if device_type is None else device_type
 
     # -- state ------------------------------------------------------------------------------
@@ -460,9 +462,58 @@ def _mark_fp32_done(model: nn.Module, token: str) -> None:
     model.__dict__[_FP32_DONE] = (*model.__dict__.get(_FP32_DONE, ()), token)
 
 
-def __getattr__(name: str) -> Any:
-    """``deferred_model_conversion``, which lives in :mod:`fp16utils.optim.builder`."""
-    if name == 'deferred_model_conversion':
-        from .builder import deferred_model_conversion
-        return deferred_model_conversion
-    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+#: Per thread: where legacy model conversions wait while :func:`deferred_model_conversion` runs.
+_deferred = threading.local()
+
+
+@contextlib.contextmanager
+def deferred_model_conversion() -> Iterator[List[Callable[[], Any]]]:
+    """Collect the legacy backend's model conversions instead of running them.
+
+    Inside the block, an :class:`AmpOptimWrapper` on the legacy backend
+    appends its model's conversion to half to the yielded list instead of
+    converting; the caller runs them once every wrapper is built, so that an
+    error building a later one leaves every model as it was.
+
+    Example:
+        >>> import torch
+        >>> model = torch.nn.Linear(2, 1)
+        >>> with deferred_model_conversion() as conversions:
+        ...     wrapper = AmpOptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1),
+        ...                               backend='legacy', model=model)
+        >>> model.weight.dtype, len(conversions)
+        (torch.float32, 1)
+        >>> for convert in conversions:
+        ...     _ = convert()
+        >>> model.weight.dtype
+        torch.float16
+    """
+    outer = getattr(_deferred, 'pending', None)
+    pending: List[Callable[[], Any]] = []
+    _deferred.pending = pending
+    try:
+        yield pending
+    finally:
+        _deferred.pending = outer
+
+
+def convert_or_defer(model: nn.Module, dtype: torch.dtype, fp32_modules: Any = None) -> None:
+    """Convert ``model`` for the legacy backend now, or later inside a deferral.
+
+    What :class:`AmpOptimWrapper` calls on the legacy backend: outside
+    :func:`deferred_model_conversion` it is ``wrap_fp16_model(model, dtype,
+    backend='legacy', fp32_modules=fp32_modules)``.
+
+    Example:
+        >>> model = torch.nn.Linear(2, 1)
+        >>> convert_or_defer(model, torch.float16)
+        >>> model.weight.dtype
+        torch.float16
+    """
+    convert = functools.partial(wrap_fp16_model, model, dtype, backend='legacy',
+                                fp32_modules=fp32_modules)
+    pending = getattr(_deferred, 'pending', None)
+    if pending is None:
+        convert()
+    else:
+        pending.append(convert)

@@ -10,20 +10,16 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import functools
-import threading
-from typing import Any, Callable, Dict, Iterator, List, Mapping, NamedTuple, Union
+from typing import Any, Dict, Mapping, NamedTuple, Union
 
 import torch
 from torch import nn
 
-from .. import _torch
-from .._spec import PLUGIN_NAMES, check_positive_int, parse_clip_grad, parse_loss_scale
-from ..keep import check_fp32_modules
-from ..wrap import wrap_fp16_model
-from .amp import AmpOptimWrapper, resolve_cast_dtype
+from .._args.spec import PLUGIN_NAMES, check_positive_int, parse_clip_grad, parse_loss_scale
+from .._torch import models, versions
+from ..fp32_modules import check_fp32_modules
+from .amp import AmpOptimWrapper, deferred_model_conversion, resolve_cast_dtype
 from .constructor import check_paramwise_cfg, paramwise_groups
 from .wrapper import OptimWrapper
 from .wrapper_dict import OptimWrapperDict
@@ -40,63 +36,6 @@ _MULTI_CONSTRUCTORS = ('MultiOptimWrapperConstructor',
 _COMMON_KEYS = ('type', 'optimizer', 'accumulative_counts', 'clip_grad', 'paramwise_cfg')
 _AMP_KEYS = ('loss_scale', 'dtype', 'use_fsdp', 'backend', 'nonfinite',
              'overflow_guard', 'agree_across_ranks', 'fp32_modules')
-
-
-#: Per thread: where legacy model conversions wait while :func:`deferred_model_conversion` runs.
-_deferred = threading.local()
-
-
-@contextlib.contextmanager
-def deferred_model_conversion() -> Iterator[List[Callable[[], Any]]]:
-    """Collect the legacy backend's model conversions instead of running them.
-
-    Inside the block, an :class:`AmpOptimWrapper` on the legacy backend
-    appends its model's conversion to half to the yielded list instead of
-    converting; the caller runs them once every wrapper is built, so that an
-    error building a later one leaves every model as it was.
-
-    Example:
-        >>> import torch
-        >>> model = torch.nn.Linear(2, 1)
-        >>> with deferred_model_conversion() as conversions:
-        ...     wrapper = AmpOptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1),
-        ...                               backend='legacy', model=model)
-        >>> model.weight.dtype, len(conversions)
-        (torch.float32, 1)
-        >>> for convert in conversions:
-        ...     _ = convert()
-        >>> model.weight.dtype
-        torch.float16
-    """
-    outer = getattr(_deferred, 'pending', None)
-    pending: List[Callable[[], Any]] = []
-    _deferred.pending = pending
-    try:
-        yield pending
-    finally:
-        _deferred.pending = outer
-
-
-def convert_or_defer(model: nn.Module, dtype: torch.dtype, fp32_modules: Any = None) -> None:
-    """Convert ``model`` for the legacy backend now, or later inside a deferral.
-
-    What :class:`AmpOptimWrapper` calls on the legacy backend: outside
-    :func:`deferred_model_conversion` it is ``wrap_fp16_model(model, dtype,
-    backend='legacy', fp32_modules=fp32_modules)``.
-
-    Example:
-        >>> model = torch.nn.Linear(2, 1)
-        >>> convert_or_defer(model, torch.float16)
-        >>> model.weight.dtype
-        torch.float16
-    """
-    convert = functools.partial(wrap_fp16_model, model, dtype, backend='legacy',
-                                fp32_modules=fp32_modules)
-    pending = getattr(_deferred, 'pending', None)
-    if pending is None:
-        convert()
-    else:
-        pending.append(convert)
 
 
 def _optimizer_classes() -> Dict[str, type]:
@@ -161,7 +100,7 @@ def _plan(cfg: Mapping[str, Any], where: str) -> _Plan:
         parse_loss_scale(cfg.get('loss_scale', 'dynamic'), owner)
         resolve_cast_dtype(cfg.get('dtype'))
         check_fp32_modules(cfg.get('fp32_modules'), f'{owner}.fp32_modules')
-        _torch.resolve_backend(cfg.get('backend'))
+        versions.resolve_backend(cfg.get('backend'))
     return _Plan(where, wrapper_cls, opt_cls, opt_kwargs, cfg, paramwise)
 
 
@@ -268,7 +207,7 @@ def build_optim_wrapper(model: nn.Module, cfg: Mapping[str, Any]
         raise ValueError(f'optim_wrapper: constructor={constructor!r} needs one config per '
                          'sub-model, e.g. generator=dict(optimizer=...), '
                          'discriminator=dict(optimizer=...).')
-    base = _torch.unwrap_model(model)
+    base = models.unwrap_model(model)
     children = [name for name, _ in base.named_children()]
     plans = []
     for name, entry in cfg.items():

@@ -36,8 +36,8 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from torch import nn
 
-from .._torch import BatchNormBase as _BatchNorm
-from .._torch import InstanceNormBase as _InstanceNorm
+from .._torch.models import BatchNormBase as _BatchNorm
+from .._torch.models import InstanceNormBase as _InstanceNorm
 
 __all__ = ['PARAMWISE_KEYS', 'check_paramwise_cfg', 'paramwise_groups']
 

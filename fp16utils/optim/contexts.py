@@ -23,7 +23,7 @@ from typing import Any, Tuple
 import torch
 from torch import nn
 
-from .. import _torch
+from .._torch import compat
 from ..cast import cast_tensor_type
 from ..engine import OverflowGuard
 
@@ -124,7 +124,7 @@ class CastIO:
         return cast_tensor_type(output, self.dtype, torch.float32)
 
     def __enter__(self) -> None:
-        self.handles = (_torch.register_forward_pre_hook_with_kwargs(self.model, self._pre),
+        self.handles = (compat.register_forward_pre_hook_with_kwargs(self.model, self._pre),
                         self.model.register_forward_hook(self._post))
 
     def __exit__(self, *exc: Any) -> None:

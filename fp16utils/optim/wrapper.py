@@ -21,8 +21,8 @@ from typing import Any, Dict, List, Mapping, Optional
 import torch
 from torch import nn
 
-from .._spec import check_cache_enabled, parse_clip_grad
-from .._torch import has_no_sync
+from .._args.spec import check_cache_enabled, parse_clip_grad
+from .._torch.models import has_no_sync
 from ..engine import (
     AccumulationWindow,
     Driven,

@@ -14,7 +14,7 @@ from typing import Optional
 
 import pytest
 
-from fp16utils import cli
+from fp16utils.tools import cli
 
 FIXTURES = Path(__file__).resolve().parent.parent / 'fixtures' / 'legacy_codebase'
 CONFIGS = FIXTURES / 'configs'

@@ -65,24 +65,24 @@ def test_bad_backend_variable_fails_in_a_fresh_process_without_a_deep_traceback(
 @pytest.mark.parametrize(('value', 'backend'), [(' Legacy ', 'legacy'), ('NATIVE', 'native')])
 def test_backend_variable_ignores_case_and_spaces(force_backend, value, backend):
     force_backend(value)
-    assert _torch.default_backend() == backend
+    assert _torch.versions.default_backend() == backend
 
 
 def test_empty_backend_variable_means_unset(force_backend):
     force_backend('')
-    assert _torch.default_backend() == 'native'
+    assert _torch.versions.default_backend() == 'native'
 
 
 @pytest.mark.parametrize('backend', ['bogus', 'Native', 1, ['native']])
 def test_backend_argument_must_be_a_known_name(backend):
     with pytest.raises(ValueError, match='Unknown fp16utils backend'):
-        _torch.resolve_backend(backend)
+        _torch.versions.resolve_backend(backend)
 
 
 def test_native_backend_on_a_torch_without_native_amp_says_so(old_torch):
     with pytest.raises(ValueError, match="backend='native' needs torch >= 1.6"):
-        _torch.resolve_backend('native')
-    assert _torch.resolve_backend(None) == 'legacy'
+        _torch.versions.resolve_backend('native')
+    assert _torch.versions.resolve_backend(None) == 'legacy'
 
 
 # --------------------------------------------------------------------------- _torch's public bits

@@ -456,7 +456,7 @@ def test_demo_plot_is_written_atomically_through_a_link(tmp_path, monkeypatch):
     import types
     from unittest import mock
 
-    from fp16utils import demo
+    from fp16utils.tools import demo
 
     def savefig(target, format):
         target.write(b'PNG:' + format.encode())
@@ -486,12 +486,12 @@ def test_a_bad_backend_in_the_environment_is_one_line(monkeypatch, argv):
     from fp16utils import _torch
 
     monkeypatch.setenv('FP16UTILS_BACKEND', 'bogus')
-    _torch.refresh()
+    _torch.decisions.refresh()
     try:
         proc = call(*argv)
     finally:
         monkeypatch.delenv('FP16UTILS_BACKEND')
-        _torch.refresh()
+        _torch.decisions.refresh()
     one_line_error(proc, 2, 'FP16UTILS_BACKEND', 'bogus')
     assert proc.stdout == ''
 

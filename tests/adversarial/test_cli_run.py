@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from adversarial._attack import call, one_line_error, run
-from fp16utils import cli
+from fp16utils.tools import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 needs_links = pytest.mark.skipif(not hasattr(os, 'symlink') or os.name == 'nt',

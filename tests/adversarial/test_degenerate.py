@@ -23,7 +23,7 @@ import torch
 from _state_attacks import WEIGHTS_ONLY_FLOATS, weights_only_roundtrip
 
 from fp16utils import AmpOptimWrapper, Fp16OptimizerHook, LossScaler
-from fp16utils._limits import MAX_GROWTH_INTERVAL, MAX_GROWTH_TRACKER
+from fp16utils._args.limits import MAX_GROWTH_INTERVAL, MAX_GROWTH_TRACKER
 
 F16 = torch.float16
 INF = math.inf

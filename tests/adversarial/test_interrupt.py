@@ -96,12 +96,12 @@ def _inject(point: str, backend: str, model: torch.nn.Module, optimizer: Any,
                 return real_check(*args, **kwargs)
             mp.setattr(legacy_engine, 'non_finite_check_', check)
     elif point == 'clip':
-        real_clip = _torch.clip_grad_norm_
+        real_clip = _torch.compat.clip_grad_norm_
 
         def clip(*args: Any, **kwargs: Any) -> Any:
             inj.fire()
             return real_clip(*args, **kwargs)
-        mp.setattr(_torch, 'clip_grad_norm_', clip)
+        mp.setattr(_torch.compat, 'clip_grad_norm_', clip)
     elif point == 'optimizer-step':
         real_step = optimizer.step
 
@@ -398,7 +398,7 @@ def test_a_forward_interrupted_mid_window_keeps_the_window(monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         _loss(wrapper, model, data[1])
     assert all(torch.equal(g, p.grad) for g, p in zip(grads, model.parameters()))
-    assert _torch.autocast_state('cpu')[0] is False  # the context was left
+    assert _torch.autocast.autocast_state('cpu')[0] is False  # the context was left
     assert wrapper.state_dict()['pending_window']['iter'] == state[
         'pending_window']['iter'] == 1
 

@@ -29,7 +29,7 @@ from fp16utils import (
     GradientCumulativeFp16OptimizerHook,
     LossScaler,
 )
-from fp16utils._whole import window_note
+from fp16utils._args.numbers import window_note
 
 F16 = torch.float16
 BACKENDS = ['native', 'legacy']

@@ -27,7 +27,7 @@ from fp16utils import (
     OptimWrapperDict,
     skip_aware,
 )
-from fp16utils.followers import SkipAware
+from fp16utils.skip_proxy import SkipAware
 
 F16 = torch.float16
 #: torch's LR schedulers wrap optimizer.step; a pickled optimizer comes back unwrapped and

@@ -23,7 +23,7 @@ from fp16utils import (
     wrap_fp16_model,
 )
 from fp16utils._torch import caps
-from fp16utils.cli import main
+from fp16utils.tools.cli import main
 
 pytestmark = pytest.mark.usefixtures('no_backend_env')
 
@@ -204,7 +204,7 @@ def test_precision_support_cuda_index_out_of_range(monkeypatch):
     monkeypatch.setattr(caps, 'device_present', lambda kind: True)
     monkeypatch.setattr(torch.cuda, 'device_count', lambda: 2)
     from fp16utils import _torch
-    monkeypatch.setattr(_torch, 'device_present', lambda kind: True)
+    monkeypatch.setattr(_torch.probes, 'device_present', lambda kind: True)
     with pytest.raises(ValueError, match='cuda:7 does not exist; this machine has 2'):
         precision_support('cuda:7')
 
@@ -271,7 +271,7 @@ def test_auto_with_an_empty_optimizer_asks_the_best_device(monkeypatch):
                         lambda device_type, dtype, index=None: asked.append(device_type)
                         or 'native')
     from fp16utils import _torch
-    monkeypatch.setattr(_torch, 'best_device_type', lambda: 'cpu')
+    monkeypatch.setattr(_torch.caps, 'best_device_type', lambda: 'cpu')
     p = nn.Parameter(torch.ones(1))
     opt = torch.optim.SGD([p], lr=0.1)
     opt.param_groups[0]['params'] = []

@@ -30,13 +30,13 @@ from fp16utils import (
 @pytest.fixture(params=['native', 'legacy', 'torch-1.5'])
 def backend(request, monkeypatch):
     """The backend to train with; 'torch-1.5' simulates an old torch (legacy by default)."""
-    monkeypatch.delenv(fp16utils._torch.BACKEND_ENV, raising=False)
+    monkeypatch.delenv(fp16utils._torch.versions.BACKEND_ENV, raising=False)
     if request.param == 'torch-1.5':
         monkeypatch.setattr(fp16utils._torch.versions, 'TORCH_VERSION', '1.5.0')
-    fp16utils._torch.refresh()
+    fp16utils._torch.decisions.refresh()
     yield None if request.param == 'torch-1.5' else request.param
     monkeypatch.undo()
-    fp16utils._torch.refresh()
+    fp16utils._torch.decisions.refresh()
 
 
 def float16_scaling(backend):

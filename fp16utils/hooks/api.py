@@ -9,7 +9,7 @@ mmcv's ``OptimizerHook`` stands, between the runner's ``Hook`` and
 signatures and meaning; :class:`CumulativeHookApi` gives what mmcv's
 ``GradientCumulativeOptimizerHook`` adds. The helpers of mmcv's ``Hook``
 (``every_n_iters``, ``is_last_iter``, ...) come from the base
-(:class:`~fp16utils.runner_hook.RunnerHook`, or mmcv's ``Hook`` itself).
+(:class:`~fp16utils.hooks.base.RunnerHook`, or mmcv's ``Hook`` itself).
 
 A subclass whose ``__init__`` sets mmcv's attributes itself instead of calling
 ``super().__init__`` (``self.grad_clip = ...``, ``self.loss_scaler =
@@ -32,10 +32,10 @@ from typing import Any, Dict, Iterable, List, Optional
 import torch
 from torch import nn
 
-from . import _torch
-from ._spec import parse_clip_grad
-from ._torch import BatchNormBase as _BatchNorm
-from .runner_hook import RunnerHook, follow_mmcv, follows_mmcv, set_base
+from .._args.spec import parse_clip_grad
+from .._torch import compat
+from .._torch.models import BatchNormBase as _BatchNorm
+from .base import RunnerHook, follow_mmcv, follows_mmcv, set_base
 
 __all__ = ['CumulativeHookApi', 'OptimizerHookApi', 'follow_mmcv', 'set_base']
 
@@ -48,7 +48,7 @@ class OptimizerHookApi(RunnerHook):
 
     The base of :class:`~fp16utils.Fp16OptimizerHook`. Its own base is this
     package's plain runner hook, or ``mmcv.runner.Hook`` once mmcv's runner is
-    imported (see :mod:`fp16utils.runner_hook`).
+    imported (see :mod:`fp16utils.hooks.base`).
 
     Attributes:
         grad_clip: The clipping settings (None, ``dict(max_norm=..., norm_type=2)``
@@ -194,8 +194,8 @@ class OptimizerHookApi(RunnerHook):
             return None
         kind, kwargs = clip
         if kind == 'norm':
-            return _torch.clip_grad_norm_(chosen, **kwargs)
-        _torch.clip_grad_value_(chosen, **kwargs)
+            return compat.clip_grad_norm_(chosen, **kwargs)
+        compat.clip_grad_value_(chosen, **kwargs)
         return None
 
     def _clip_override(self) -> Any:
@@ -256,7 +256,7 @@ class OptimizerHookApi(RunnerHook):
             dst.append(master.grad)
             src.append(grad)
         if dst:
-            _torch.foreach_copy_(dst, src)
+            compat.foreach_copy_(dst, src)
 
     def copy_params_to_fp16(self, fp16_net: nn.Module, fp32_weights: Iterable[Any]) -> None:
         """Copy ``fp32_weights`` into ``fp16_net``'s parameters, in order (mmcv's).
@@ -279,7 +279,7 @@ class OptimizerHookApi(RunnerHook):
         pairs = [(p, m) for p, m in zip(fp16_net.parameters(), fp32_weights) if p is not m]
         if pairs:
             with torch.no_grad():
-                _torch.foreach_copy_([p for p, _ in pairs], [m for _, m in pairs])
+                compat.foreach_copy_([p for p, _ in pairs], [m for _, m in pairs])
 
     def detect_anomalous_parameters(self, loss: torch.Tensor, runner: Any) -> None:
         """Log (at ERROR, on ``runner.logger``) the parameters ``loss`` does not depend on.

@@ -11,7 +11,7 @@ pair nobody asked about lets ``torch.autocast`` decide, and keeps nothing.
 
 Example:
     >>> import torch
-    >>> from fp16utils._torch import warm
+    >>> from fp16utils._torch import decisions as warm
     >>> warm.warm_device('cpu')
     >>> warm.decided('cpu', torch.bfloat16)
     True

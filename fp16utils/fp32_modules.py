@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable, List, Mapping, Optional, Sequence, U
 import torch
 from torch import nn
 
-from . import _torch
+from ._torch import dtypes
 from .cast import _cast
 from .decorators import fp32_plan, run_fp32, undecorated
 
@@ -213,7 +213,7 @@ def keep_fp32(model: nn.Module, modules: Fp32Modules,
         ...     model(torch.ones(1, 2).bfloat16()).dtype
         torch.float32
     """
-    low = None if out_dtype is None else _torch.resolve_dtype(out_dtype)
+    low = None if out_dtype is None else dtypes.resolve_dtype(out_dtype)
     names = match_modules(model, modules)
     for name in names:
         module = model.get_submodule(name) if name else model

@@ -24,10 +24,10 @@ from typing import Optional, Sequence, TextIO
 import torch
 from torch import nn
 
-from . import _torch
-from .migrate._atomic import atomic_write
-from .optim import AmpOptimWrapper, OptimWrapper
-from .precision import precision_summary
+from .._torch import caps
+from ..migrate._atomic import atomic_write
+from ..optim import AmpOptimWrapper, OptimWrapper
+from ..precision import precision_summary
 
 __all__ = ['MODES', 'ModeResult', 'plot_results', 'run_demo']
 
@@ -219,7 +219,7 @@ def _why_not(mode: str, device_type: str) -> Optional[str]:
     if kind == 'plain' or dtype is None:
         return None
     try:
-        _torch.backend_for(backend, device_type, dtype)
+        caps.backend_for(backend, device_type, dtype)
     except ValueError as err:
         return str(err)
     return None

@@ -19,7 +19,7 @@ import logging
 import math
 from typing import Any, Dict, Mapping, NamedTuple, Optional, Tuple
 
-from ._limits import (  # the scale's floor, ceiling and steps live there; named here too
+from .limits import (  # the scale's floor, ceiling and steps live there; named here too
     MAX_LOSS_SCALE,
     MIN_LOSS_SCALE,
     SCALE_RANGE,
@@ -28,7 +28,7 @@ from ._limits import (  # the scale's floor, ceiling and steps live there; named
     shrink_scale,
     usable_scale,
 )
-from ._whole import as_whole, window_note
+from .numbers import as_whole, window_note
 
 __all__ = [
     'NotADictError',
@@ -191,7 +191,7 @@ def parse_loss_scale(loss_scale: Any, owner: str,
         raise ValueError(f'{usage}; enabled must be True or False, got {enabled!r}.')
     factors_ok = (positive_finite(growth) and growth > 1 and positive_finite(backoff)
                   and backoff < 1)
-    whole = as_whole(interval)  # 2.0 as mmcv takes it; 2.5 refused (see fp16utils._whole)
+    whole = as_whole(interval)  # 2.0 as mmcv takes it; 2.5 refused (see fp16utils._args.numbers)
     interval_ok = whole is not None and whole >= 1
     if static:
         # Growth and backoff never happen; keep valid values for GradScaler.

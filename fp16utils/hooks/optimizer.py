@@ -19,7 +19,7 @@ from exactly the same weights.
 With mmcv 1.x: the hooks are real ``mmcv.runner.Hook`` subclasses as soon as
 ``mmcv.runner`` is imported, before or after this module, so mmcv's
 ``register_hook`` and ``HOOKS`` registry take them (see
-:mod:`fp16utils.runner_hook`); this module never imports mmcv.
+:mod:`fp16utils.hooks.base`); this module never imports mmcv.
 
 The backward pass, the step, the records and the pending accumulation window
 are the :class:`~fp16utils.engine.driver.StepDriver`'s, as in the optimizer
@@ -51,15 +51,15 @@ from typing import Any, List, Mapping, Optional, Tuple, Union
 import torch
 from torch import nn
 
-from . import _torch
-from ._keys import FP16_HOOK_ARGS, UnknownKeyError, unknown_keys_message
-from ._spec import (
+from .._args.keys import FP16_HOOK_ARGS, UnknownKeyError, unknown_keys_message
+from .._args.spec import (
     MMCV_DYNAMIC,
     TORCH_DYNAMIC,
     check_nonfinite_policy,
     parse_loss_scale,
 )
-from .engine import (
+from .._torch import caps, dtypes, versions
+from ..engine import (
     AccumulationWindow,
     Driven,
     LegacyEngine,
@@ -73,11 +73,11 @@ from .engine import (
     optimizer_device_type,
     resume_state_from_meta,
 )
-from .engine.allreduce import allreduce_grads, world_size
-from .engine.ranks import check_setting
-from .hook_api import CumulativeHookApi, OptimizerHookApi
-from .runner_hook import follow_mmcv, set_base
-from .wrap import wrap_fp16_model
+from ..engine.ranks import check_setting
+from ..wrap import wrap_fp16_model
+from .allreduce import allreduce_grads, world_size
+from .api import CumulativeHookApi, OptimizerHookApi
+from .base import follow_mmcv, set_base
 
 __all__ = ['Fp16OptimizerHook', 'GradientCumulativeFp16OptimizerHook']
 
@@ -147,7 +147,7 @@ class Fp16OptimizerHook(Driven, OptimizerHookApi):
         ValueError: A value out of range (see each argument).
 
     What mmcv's hooks give their subclasses is here too, with mmcv's meaning
-    (:class:`~fp16utils.hook_api.OptimizerHookApi`): ``clip_grads``,
+    (:class:`~fp16utils.hooks.api.OptimizerHookApi`): ``clip_grads``,
     ``loss_scaler``, ``_scale_update_param``, ``copy_grads_to_fp32``, ...
 
     Each iteration the hook puts the :class:`~fp16utils.StepResult` fields in
@@ -188,8 +188,8 @@ class Fp16OptimizerHook(Driven, OptimizerHookApi):
         #: See :mod:`fp16utils.engine.ranks` (None: agree when the world size is > 1).
         self.agree_across_ranks = check_setting(agree_across_ranks, owner)
         self.grad_clip = grad_clip  # checked (see OptimizerHookApi.grad_clip)
-        self.backend = _torch.resolve_backend(backend)
-        self.dtype = _torch.resolve_dtype(dtype)
+        self.backend = versions.resolve_backend(backend)
+        self.dtype = dtypes.resolve_dtype(dtype)
         dynamic = TORCH_DYNAMIC if self.backend == 'native' else MMCV_DYNAMIC
         self._spec = parse_loss_scale(loss_scale, owner, dynamic)
         #: What mmcv's hook gives ``loss_scaler.update()``: the scale when it is static.
@@ -209,7 +209,7 @@ class Fp16OptimizerHook(Driven, OptimizerHookApi):
         """The current loss scale (no device sync)."""
         engine = self._engine
         if engine is None:
-            needs = self._spec.enabled and _torch.needs_loss_scaling(self.dtype)
+            needs = self._spec.enabled and dtypes.needs_loss_scaling(self.dtype)
             return self._spec.init_scale if needs else 1.0
         return engine.loss_scale
 
@@ -237,7 +237,7 @@ class Fp16OptimizerHook(Driven, OptimizerHookApi):
         if engine is None or optimizer is not self._optimizer:
             # Now that the device is known: legacy where native cannot run the dtype there.
             params = flat_params(optimizer)
-            backend = _torch.backend_for(self._backend_arg,
+            backend = caps.backend_for(self._backend_arg,
                                          params[0].device.type if params else 'cpu', self.dtype,
                                          model)
             if backend != self.backend:
@@ -457,5 +457,5 @@ class GradientCumulativeFp16OptimizerHook(CumulativeHookApi, Fp16OptimizerHook):
                 f'grad_clip={self.grad_clip})')
 
 
-#: The name :func:`~fp16utils.hook_api.set_base` had here.
+#: The name :func:`~fp16utils.hooks.api.set_base` had here.
 _set_base = set_base

@@ -25,7 +25,7 @@ import types
 import zipfile
 from typing import Sequence
 
-from ._keys import UnknownKeyError
+from .._args.keys import UnknownKeyError
 
 __all__ = ['run_script']
 
@@ -39,7 +39,7 @@ def run_script(script: str, argv: Sequence[str]) -> int:
     a link sees the modules beside its target, not those beside the link, as
     with ``python``). ``sys.exit(code)`` gives ``code`` (a message is printed
     and gives 1); an exception prints its traceback from the script's frame on
-    and gives 1, except an :class:`~fp16utils._keys.UnknownKeyError` (a
+    and gives 1, except an :class:`~fp16utils._args.keys.UnknownKeyError` (a
     misspelt config key), which is one line.
     """
     path = script if os.path.isabs(script) else os.path.join(os.getcwd(), script)

@@ -147,7 +147,7 @@ def follows_mmcv(cls: _Class) -> _Class:
     them; existing objects too (``isinstance`` reads the class's bases).
 
     Example:
-        >>> from fp16utils.hook_api import OptimizerHookApi  # the hooks' marked base
+        >>> from fp16utils.hooks.api import OptimizerHookApi  # the hooks' marked base
         >>> OptimizerHookApi in _FOLLOWERS, OptimizerHookApi.__bases__[0].__name__ in (
         ...     'RunnerHook', 'Hook')
         (True, True)

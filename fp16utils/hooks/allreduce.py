@@ -12,7 +12,7 @@ from typing import Any, List, Optional
 import torch
 import torch.distributed as dist
 
-from .. import _torch
+from .._torch import compat, ops
 
 __all__ = ['allreduce_grads', 'world_size']
 
@@ -33,7 +33,7 @@ def _buckets(tensors: List[torch.Tensor], bucket_size_mb: float) -> List[List[to
     """Group ``tensors`` by device and dtype, split into buckets of at most ``bucket_size_mb``."""
     buckets: List[List[torch.Tensor]] = []
     limit = bucket_size_mb * 1024 * 1024 if bucket_size_mb > 0 else None
-    for _, group in _torch.group_by_device_and_dtype(tensors):
+    for _, group in ops.group_by_device_and_dtype(tensors):
         if limit is None:
             buckets.append(group)
             continue
@@ -103,14 +103,14 @@ def allreduce_grads(params: List[Any], coalesce: bool = True, bucket_size_mb: fl
                              device=first.device)
         buckets[0] = [*buckets[0], flags]
         for bucket in buckets:
-            flat = _torch.flatten_dense_tensors(bucket)
+            flat = ops.flatten_dense_tensors(bucket)
             dist.all_reduce(flat)
             flat.div_(count)
-            _torch.foreach_copy_(bucket, list(_torch.unflatten_dense_tensors(flat, bucket)))
+            compat.foreach_copy_(bucket, list(ops.unflatten_dense_tensors(flat, bucket)))
     else:
         flags = torch.tensor(present or [True] * len(params), dtype=torch.float32,
                              device=params[0].device)
-        _torch.foreach_div_(grads, float(count))
+        ops.foreach_div_(grads, float(count))
         for grad in grads:
             dist.all_reduce(grad)
         dist.all_reduce(flags)

@@ -20,15 +20,15 @@ import warnings
 from pathlib import Path
 from typing import NoReturn, Optional, Sequence, TextIO
 
-from ._cli_help import HELP, MAIN_DESCRIPTION, MAIN_EPILOG, paragraph
+from ..migrate._atomic import atomic_write, resolve_target
+from ..migrate.config_files import format_config, load_config
+from ..migrate.errors import CommandError, UsageError
+from ..migrate.errors import shown_path as _shown
+from .help import HELP, MAIN_DESCRIPTION, MAIN_EPILOG, paragraph
 
 # fp16utils.migrate imports the standard library only: the scan and migrate commands
 # never import torch (env, demo and bench import it inside their functions).
-from ._script import run_script
-from .migrate._atomic import atomic_write, resolve_target
-from .migrate.config_files import format_config, load_config
-from .migrate.errors import CommandError, UsageError
-from .migrate.errors import shown_path as _shown
+from .run import run_script
 
 __all__ = ['main']
 
@@ -54,21 +54,22 @@ def cmd_env(args: argparse.Namespace, out: TextIO) -> int:
     """Print the torch version, backend, and per device what torch supports in each dtype."""
     import torch
 
-    from . import __version__, _torch
-    from .precision import precision_summary
+    from .. import __version__
+    from .._torch import autocast, caps, versions
+    from ..precision import precision_summary
 
     _check_backend_env()
     rows: list[tuple[str, str]] = [
         ('fp16utils', __version__),
-        ('torch', _torch.TORCH_VERSION),
-        ('backend', f'{_torch.default_backend()} ({_torch.backend_reason()})'),
+        ('torch', versions.TORCH_VERSION),
+        ('backend', f'{versions.default_backend()} ({versions.backend_reason()})'),
     ]
     for device_type, name in _devices():
         dtypes = [str(d).replace('torch.', '') for d in (torch.float16, torch.bfloat16)
-                  if _torch.has_native_amp() and _torch.autocast_supports(device_type, d)]
+                  if versions.has_native_amp() and autocast.autocast_supports(device_type, d)]
         rows.append((f'device {device_type}', name))
         rows.append(('  autocast dtypes', ', '.join(dtypes) or 'none'))
-        rows.extend((f'  {dtype}', what) for dtype, what in _torch.capability_rows(device_type))
+        rows.extend((f'  {dtype}', what) for dtype, what in caps.capability_rows(device_type))
         rows.append(('  precision', precision_summary(
             name.split(' ', 1)[0] if name.startswith('cuda:') else device_type)))
     width = max(len(k) for k, _ in rows)
@@ -79,10 +80,10 @@ def cmd_env(args: argparse.Namespace, out: TextIO) -> int:
 
 def _check_backend_env() -> None:
     """A FP16UTILS_BACKEND that names no backend is a usage error, not a traceback."""
-    from . import _torch
+    from .._torch import versions
 
     try:
-        _torch.default_backend()
+        versions.default_backend()
     except ValueError as err:
         raise UsageError(str(err)) from None
 
@@ -142,7 +143,7 @@ def best_device() -> str:
 
 def cmd_migrate(args: argparse.Namespace, out: TextIO) -> int:
     """Convert a 0.x config file to the 1.x style."""
-    from .migrate import ConfigConversionError, convert_config_report, enable_amp
+    from ..migrate import ConfigConversionError, convert_config_report, enable_amp
 
     if args.dtype and not args.amp:
         raise UsageError('--dtype only applies with --amp (it sets the AMP dtype)')
@@ -219,7 +220,7 @@ def cmd_scan(args: argparse.Namespace, out: TextIO) -> int:
     """
     from dataclasses import asdict, replace
 
-    from .migrate import fix_imports, scan
+    from ..migrate import fix_imports, scan
 
     path = args.path
     if not os.path.exists(path):
@@ -276,7 +277,7 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     """Patch mmcv 1.x with fp16utils, then run a script as ``__main__``."""
     if not os.path.isfile(args.script):
         raise UsageError(f'{_shown(args.script)}: no such file')
-    from .mmcv import patch_mmcv
+    from ..mmcv import patch_mmcv
 
     _check_backend_env()
     try:
@@ -293,7 +294,7 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
 
 def cmd_bench(args: argparse.Namespace, out: TextIO) -> int:
     """Run one of the benchmarks of a source checkout."""
-    root = Path(__file__).resolve().parent.parent / 'benchmarks'
+    root = Path(__file__).resolve().parents[2] / 'benchmarks'
     if not re.fullmatch(r'[A-Za-z0-9_]+', args.name):  # no path: only a benchmark's name
         raise UsageError(f'{_one_line(args.name)!r}: not a benchmark name; give the name of '
                          'one in benchmarks/ (e.g. decorators)')
@@ -349,7 +350,7 @@ def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``fp16utils`` command."""
-    from . import __version__
+    from .. import __version__
 
     parser = _Parser(prog=PROG, description=paragraph(MAIN_DESCRIPTION), epilog=MAIN_EPILOG,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
