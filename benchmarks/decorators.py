@@ -4,7 +4,7 @@ Every case runs in this one process, interleaved over several repeats, and the
 median is reported. Ratios compare each fp16utils call with the hand-written
 PyTorch code that does the same work.
 
-The two headline ratios (printed last):
+The headline ratios (printed last):
 
 - ``LossScaler.has_overflow(params)`` against the bare fused kernel and its one
   ``.item()``: ``torch._amp_foreach_non_finite_check_and_unscale_(grads,
@@ -13,8 +13,14 @@ The two headline ratios (printed last):
 - ``auto_fp16`` (enabled) called as a bound method with two tensor arguments
   against the same body written by hand with the device type as a constant:
   ``with torch.autocast('cpu', dtype=torch.float16): return body(self,
-  x.half(), y.half())`` (``'cuda'`` with ``--device cuda``). The row that
-  reads ``x.device.type`` on each call is kept beside it.
+  x.half(), y.half())`` (``'cuda'`` with ``--device cuda``), once for a model
+  that went through ``wrap_fp16_model`` and once for ``model.fp16_enabled =
+  True`` set by hand (as mmcv's tests and many 0.x codebases do). The row that
+  reads ``x.device.type`` on each call is kept beside them;
+- ``auto_fp16`` disabled (no true ``fp16_enabled``: False on the instance, False
+  on the class, no attribute) beside mmcv 1.x's own ``auto_fp16`` on the same
+  method, when mmcv is importable (``from mmcv.runner import auto_fp16``); else
+  that row is skipped, with the reason.
 
 Run:
     python benchmarks/decorators.py            # full run
@@ -26,7 +32,8 @@ from __future__ import annotations
 import argparse
 import statistics
 import timeit
-from typing import Callable
+import warnings
+from typing import Callable, Optional
 
 import torch
 from torch import nn
@@ -74,6 +81,47 @@ class AutoMethod(nn.Module):
     @auto_fp16()
     def head(self, x, y):
         return _body(self, x, y)
+
+
+class PlainMethod(nn.Module):
+    """The undecorated method: what a disabled decorator should cost next to."""
+
+    def head(self, x, y):
+        return _body(self, x, y)
+
+
+def off_methods(decorator: Callable) -> dict[str, nn.Module]:
+    """A method under ``decorator()`` whose owner has no true ``fp16_enabled``, three ways."""
+
+    class NoFlag(nn.Module):
+        @decorator()
+        def head(self, x, y):
+            return _body(self, x, y)
+
+    class ClassFlag(NoFlag):
+        fp16_enabled = False
+
+    instance = NoFlag()
+    instance.fp16_enabled = False  # mmdet's style: set in __init__
+    return {OFF_INSTANCE: instance, OFF_CLASS: ClassFlag(), OFF_MISSING: NoFlag()}
+
+
+def mmcv_auto_fp16() -> tuple[Optional[Callable], str]:
+    """mmcv's own ``auto_fp16`` and its version, or None and why it cannot be had here."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter('ignore')  # mmcv 1.x warns about 2.0 when imported
+            import mmcv
+            from mmcv.runner import auto_fp16 as theirs
+    except ModuleNotFoundError as err:
+        if (err.name or '').split('.')[0] == 'mmcv':
+            return None, 'mmcv not installed: row skipped'
+        return None, f'mmcv cannot be imported here ({err}): row skipped'
+    except Exception as err:  # noqa: BLE001 - e.g. a torchvision built for another torch
+        reason = f'{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ""}'
+        return None, (f'mmcv cannot be imported here ({reason}; see '
+                      'docs/troubleshooting/torchvision-nms.md): row skipped')
+    return theirs, mmcv.__version__
 
 
 class HandMethod(nn.Module):
@@ -204,7 +252,12 @@ def measure(fn: Callable[[], object], number: int, repeats: int) -> list[float]:
 
 OVERFLOW = 'LossScaler.has_overflow'
 BARE = 'bare fused kernel + one .item()'
-METHOD = 'auto_fp16 enabled, bound method, two tensor args'
+METHOD = 'auto_fp16 enabled, bound method, two tensor args (wrap_fp16_model)'
+BY_HAND = 'auto_fp16 enabled, bound method, two tensor args (fp16_enabled = True by hand)'
+PLAIN_METHOD = 'undecorated bound method'
+OFF_INSTANCE = 'fp16_enabled = False on the instance'
+OFF_CLASS = 'fp16_enabled = False on the class'
+OFF_MISSING = 'no fp16_enabled attribute'
 FLOOR = 'floor: read every p.grad, then the bare kernel + .item()'
 HAND_METHOD = 'hand-written bound method: autocast(x.device.type) + .half()'
 HAND_CONST = "hand-written bound method: autocast(constant device, e.g. 'cpu') + .half()"
@@ -212,8 +265,9 @@ NO_FLAG = 'force_fp32 without the flag, inside an outer autocast'
 HAND_NO_FLAG = 'hand-written, inside an outer autocast: autocast off + .float()'
 
 
-def run(device: str, number: int, repeats: int, n_params: int, numel: int
-        ) -> tuple[list[tuple[str, float, str]], dict[str, float]]:
+def run(device: str, number: int, repeats: int, n_params: int, numel: int,
+        theirs: Optional[Callable] = None
+        ) -> tuple[list[tuple[str, float, str]], dict[str, float], list[tuple]]:
     dev = torch.device(device)
     dt = dev.type
     x = torch.randn(8, 16, device=dev)
@@ -225,6 +279,11 @@ def run(device: str, number: int, repeats: int, n_params: int, numel: int
     hand_auto, hand_force = HandAuto(), HandForce()
     per_call = PerCallAuto()
     method, hand_method = wrap_fp16_model(AutoMethod()), HandMethod()
+    by_hand = AutoMethod()
+    by_hand.fp16_enabled = True  # no wrap_fp16_model: dtype and backend from the defaults
+    plain_method = PlainMethod()
+    ours_off = off_methods(auto_fp16)
+    theirs_off = off_methods(theirs) if theirs is not None else {}
     hand_const = hand_method_const(dt)
     params = [nn.Parameter(torch.randn(numel, device=dev)) for _ in range(n_params)]
     for p in params:
@@ -256,6 +315,7 @@ def run(device: str, number: int, repeats: int, n_params: int, numel: int
         'hand-written autocast + .half()': lambda: (hand_auto(x, y), sync()),
         '0.x-style auto_fp16 (signature per call)': lambda: (per_call(x, y), sync()),
         METHOD: lambda: (method.head(x, y), sync()),
+        BY_HAND: lambda: (by_hand.head(x, y), sync()),
         HAND_METHOD: lambda: (hand_method.head(x, y), sync()),
         HAND_CONST: lambda: (hand_const.head(x, y), sync()),
         'force_fp32 enabled': lambda: (force(xh, yh), sync()),
@@ -269,7 +329,11 @@ def run(device: str, number: int, repeats: int, n_params: int, numel: int
         'by hand: collect grads, make flags, kernel, .item()':
             lambda: hand_overflow(params, dev),
         'mmcv-style per-parameter check': lambda: mmcv_style_overflow(params),
+        PLAIN_METHOD: lambda: plain_method.head(x, y),
     }
+    for label, owners in (('fp16utils', ours_off), ('mmcv', theirs_off)):
+        for style, owner in owners.items():
+            cases[f'{label}: {style}'] = lambda owner=owner: owner.head(x, y)
     heavy = {OVERFLOW, BARE, FLOOR, 'by hand: collect grads, make flags, kernel, .item()',
              'mmcv-style per-parameter check'}
     samples: dict[str, list[float]] = {k: [] for k in cases}
@@ -286,6 +350,7 @@ def run(device: str, number: int, repeats: int, n_params: int, numel: int
         'hand-written autocast + .half()': None,
         '0.x-style auto_fp16 (signature per call)': 'hand-written autocast + .half()',
         METHOD: HAND_CONST,
+        BY_HAND: HAND_CONST,
         HAND_METHOD: HAND_CONST,
         HAND_CONST: None,
         'force_fp32 enabled': 'hand-written autocast off + .float()',
@@ -310,8 +375,14 @@ def run(device: str, number: int, repeats: int, n_params: int, numel: int
             rows.append((name, med[name], f'{med[name] / med[ref]:.2f}x'))
     headline = {'has_overflow': med[OVERFLOW] / med[BARE],
                 'has_overflow vs floor': med[OVERFLOW] / med[FLOOR],
-                'auto_fp16 bound method': med[METHOD] / med[HAND_CONST]}
-    return rows, headline
+                'auto_fp16 bound method': med[METHOD] / med[HAND_CONST],
+                'auto_fp16 bound method, flag by hand': med[BY_HAND] / med[HAND_CONST]}
+    plain = med[PLAIN_METHOD]
+    disabled = []  # (style, fp16utils s, mmcv s or None), each a whole call
+    for style in ours_off:
+        mine, other = med[f'fp16utils: {style}'], med.get(f'mmcv: {style}')
+        disabled.append((style, mine, other))
+    return rows, headline, [(PLAIN_METHOD, plain, None)] + disabled
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -330,7 +401,9 @@ def main(argv: list[str] | None = None) -> None:
     if why:  # the decorators' default dtype, and the hand-written code's
         parser.exit(2, f'{parser.prog}: cannot measure float16 here: {why}\n')
     torch.set_num_threads(1)
-    rows, headline = run(args.device, args.number, args.repeats, args.params, args.numel)
+    theirs, version = mmcv_auto_fp16()
+    rows, headline, disabled = run(args.device, args.number, args.repeats, args.params,
+                                   args.numel, theirs)
     print(f'device: {args.device} | torch {torch.__version__} | '
           f'median of {args.repeats} interleaved repeats | overflow check over '
           f'{args.params} parameters of {args.numel} elements')
@@ -340,11 +413,28 @@ def main(argv: list[str] | None = None) -> None:
     for name, sec, ratio in rows:
         print(f'| {name} | {sec * 1e6:.2f} | {ratio} |')
     print()
+    (_, plain, _), disabled = disabled[0], disabled[1:]
+    mmcv_head = f'mmcv {version}' if theirs is not None else 'mmcv'
+    print(f'| auto_fp16 disabled, bound method (the undecorated method: {plain * 1e6:.2f} us) '
+          f'| fp16utils (us) | {mmcv_head} (us) | fp16utils / mmcv |')
+    print('|---|---:|---:|---:|')
+    for style, mine, other in disabled:
+        theirs_cell = f'{other * 1e6:.2f}' if other is not None else 'skipped'
+        ratio = f'{mine / other:.2f}x' if other is not None else 'skipped'
+        print(f'| {style} | {mine * 1e6:.2f} | {theirs_cell} | {ratio} |')
+    print()
     print(f"has_overflow vs bare fused kernel + one .item(): "
           f"{headline['has_overflow']:.2f}x (vs the floor, reading p.grad included: "
           f"{headline['has_overflow vs floor']:.2f}x)")
     print(f"auto_fp16 bound method, two tensor args, vs hand-written (constant device): "
-          f"{headline['auto_fp16 bound method']:.2f}x")
+          f"{headline['auto_fp16 bound method']:.2f}x via wrap_fp16_model, "
+          f"{headline['auto_fp16 bound method, flag by hand']:.2f}x with fp16_enabled = True "
+          f"set by hand")
+    if theirs is None:
+        print(f'auto_fp16 disabled vs mmcv: {version}')
+    else:
+        print(f'auto_fp16 disabled vs mmcv {version} disabled: ' + ', '.join(
+            f'{mine / other:.2f}x ({style})' for style, mine, other in disabled))
 
 
 if __name__ == '__main__':

@@ -1,20 +1,7 @@
-"""fp16utils: mixed-precision training for PyTorch, 0.x decorators to 1.x wrappers.
+"""fp16utils: mixed-precision training for PyTorch, from mmcv 0.x decorators to 1.x wrappers.
 
-Example:
-    >>> import torch
-    >>> from torch import nn
-    >>> import fp16utils
-    >>> class Net(nn.Module):
-    ...     def __init__(self):
-    ...         super().__init__()
-    ...         self.fc = nn.Linear(4, 4)
-    ...         self.fp16_enabled = False
-    ...     @fp16utils.auto_fp16(out_fp32=True)
-    ...     def forward(self, x):
-    ...         return self.fc(x)
-    >>> net = fp16utils.wrap_fp16_model(Net(), dtype=torch.bfloat16)
-    >>> net(torch.ones(1, 4)).dtype
-    torch.float32
+The public API (:data:`__all__`), imported lazily on first access (PEP 562): ``import
+fp16utils`` and ``import fp16utils.migrate`` do not import torch.
 """
 
 import importlib
@@ -27,7 +14,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
     from .decorators import auto_fp16, force_fp32
     from .engine import StepResult
     from .fp32_modules import keep_fp32, kept_fp32
-    from .hooks.optimizer import Fp16OptimizerHook, GradientCumulativeFp16OptimizerHook
+    from .hooks import Fp16OptimizerHook, GradientCumulativeFp16OptimizerHook
     from .migrate import (
         ConfigConversionError,
         FileChange,
@@ -89,8 +76,7 @@ __all__ = [
     'wrap_fp16_model',
 ]
 
-#: The submodule that defines each public name; imported on first access (PEP 562), so
-#: ``import fp16utils`` and ``import fp16utils.migrate`` do not import torch.
+#: The submodule that defines each public name, imported on first access.
 _EXPORTS = {
     'TORCH_VERSION': '_torch.versions',
     'digit_version': '_torch.versions',
@@ -129,18 +115,12 @@ _EXPORTS = {
     'patch_norm_fp32': 'wrap',
     'wrap_fp16_model': 'wrap',
 }
-#: The submodules that ``import fp16utils`` used to bind; reached by attribute too.
+#: The submodules that define public names, reachable as attributes too.
 _SUBMODULES = frozenset(m for m in _EXPORTS.values() if '.' not in m)
 
 
 def __getattr__(name: str) -> Any:
-    """Import a public name (or one of the submodules) on first access; PEP 562.
-
-    Example:
-        >>> import fp16utils
-        >>> fp16utils.convert_config is fp16utils.migrate.convert_config
-        True
-    """
+    """Import a public name (or one of the submodules) on first access; PEP 562."""
     if name in _EXPORTS:
         value = getattr(importlib.import_module(f'.{_EXPORTS[name]}', __name__), name)
     elif name in _SUBMODULES:
@@ -156,13 +136,7 @@ _OWN_IMPORTS = frozenset({'Any', 'TYPE_CHECKING', 'importlib'})
 
 
 def __dir__() -> list[str]:
-    """The module's public names (imported or not yet), submodules and dunders.
-
-    Example:
-        >>> import fp16utils
-        >>> 'auto_fp16' in dir(fp16utils), 'importlib' in dir(fp16utils)
-        (True, False)
-    """
+    """The module's public names (imported or not yet), submodules and dunders."""
     names = set(globals()) | set(__all__)
     return sorted(n for n in names
                   if n not in _OWN_IMPORTS and (not n.startswith('_') or n.startswith('__')))

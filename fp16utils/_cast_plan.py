@@ -1,20 +1,4 @@
-"""Which arguments of a decorated function to cast, worked out once, and the casting.
-
-The argument-casting core that :func:`~fp16utils.auto_fp16`,
-:func:`~fp16utils.force_fp32` and :func:`~fp16utils.keep_fp32` share: a
-:class:`CastPlan` reads the function's signature when the decorator is
-applied; each call then only walks the arguments it names.
-:func:`cast_positional` is the per-call fast path of a plan that casts every
-argument of a call without keywords.
-
-Example:
-    >>> import torch
-    >>> plan = CastPlan(lambda self, x, y: x, ('x',), 'auto_fp16')
-    >>> args, kwargs = plan.cast((None, torch.ones(1), torch.ones(1)), {},
-    ...                          (torch.float32,), torch.float16, [])
-    >>> [a.dtype for a in args[1:]]
-    [torch.float16, torch.float32]
-"""
+"""Which arguments of a decorated function to cast, worked out once when it is decorated."""
 
 from __future__ import annotations
 
@@ -128,34 +112,24 @@ def check_function(func: Any, decorator: str) -> None:
 
 def cast_positional(args: tuple, src: Collection[torch.dtype], dst: torch.dtype
                      ) -> tuple[tuple, Optional[str]]:
-    """Cast every argument after the first; also the device type of the first cast tensor.
-
-    The fast path of :meth:`CastPlan.cast` for a call with positional
-    arguments only and no ``apply_to``: plain tensors are checked and
-    converted inline (``dst`` is a torch dtype), anything else goes through
-    :func:`_cast`; ``args`` itself comes back when nothing changed.
-    """
+    """Cast the arguments after the owner: ``(args, device type of the first tensor cast)``."""
     convert = _CONVERT[dst]
     device_type = None
-    out = None
-    for i in range(1, len(args)):
-        value = args[i]
+    changed = False
+    out = [args[0]]
+    for value in args[1:]:
         if isinstance(value, _Tensor):
-            if value.dtype not in src:
-                continue
-            if device_type is None:
-                device_type = 'cpu' if value.is_cpu else _device_type(value)
-            new = convert(value)
-        elif value is None or isinstance(value, _SCALARS):
-            continue
-        else:
+            if value.dtype in src:
+                if device_type is None:
+                    device_type = 'cpu' if value.is_cpu else _device_type(value)
+                value = convert(value)
+                changed = True
+        elif value is not None and not isinstance(value, _SCALARS):
             seen: list = []
             new = _cast(value, src, dst, seen)
-            if new is value:
-                continue
-            if device_type is None and seen:
-                device_type = seen[0]
-        if out is None:
-            out = list(args)
-        out[i] = new
-    return (args if out is None else tuple(out)), device_type
+            if new is not value:
+                value, changed = new, True
+                if device_type is None and seen:
+                    device_type = seen[0]
+        out.append(value)
+    return (tuple(out) if changed else args), device_type

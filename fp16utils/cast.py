@@ -1,12 +1,4 @@
-"""Recursive, container-preserving dtype casting of tensors.
-
-Example:
-    >>> import torch
-    >>> from fp16utils import cast_tensor_type
-    >>> out = cast_tensor_type({'x': torch.ones(2), 'n': 3}, torch.float32, torch.float16)
-    >>> out['x'].dtype, out['n']
-    (torch.float16, 3)
-"""
+"""Recursive, container-preserving dtype casting of tensors (mmcv's ``cast_tensor_type``)."""
 
 from __future__ import annotations
 
@@ -58,12 +50,7 @@ def _convert(tensor: torch.Tensor, dst: Any) -> torch.Tensor:
 
 
 class _To:
-    """A ``dst_type`` that is not a torch dtype: passed to ``Tensor.to`` as mmcv passes it.
-
-    ``Tensor.to`` reads a Python scalar type as a dtype (``float`` is float64),
-    a device, device string or index as a move, a tensor as that tensor's dtype
-    and device. What it refuses becomes a TypeError that names ``dst_type``.
-    """
+    """A ``dst_type`` that is not a torch dtype, given to ``Tensor.to`` as mmcv gives it."""
 
     __slots__ = ('arg', 'src')
 
@@ -112,12 +99,7 @@ class _Walk:
 
 def _cast(obj: Any, src: Collection[torch.dtype], dst: torch.dtype,
           seen: Optional[list], walk: Optional[_Walk] = None) -> Any:
-    """Cast every tensor of dtype in ``src`` inside ``obj`` to ``dst``.
-
-    Returns ``obj`` itself when nothing inside it changed. When ``seen`` is
-    given (an empty list), the device type of the first tensor converted is
-    appended to it.
-    """
+    """``obj`` with its ``src`` tensors cast to ``dst`` (itself if none); ``seen`` gets a device."""
     if isinstance(obj, _Tensor):
         if obj.dtype in src:
             if seen is not None and not seen:
@@ -157,14 +139,7 @@ def _cast(obj: Any, src: Collection[torch.dtype], dst: torch.dtype,
 
 
 def _rebuilt(obj: Any, build: Callable[[], Any], items: Optional[list]) -> Any:
-    """``build()``; a TypeError naming the class when it raises or does not keep ``items``.
-
-    mmcv rebuilds a container as ``type(obj)(items)`` too (and raises the
-    constructor's error). The object a class outside the standard containers builds
-    must hold exactly the cast ``items`` (``(key, value)`` pairs for a mapping), so
-    that no tensor is left uncast or dropped silently (``items`` None: no check, for
-    a namedtuple rebuilt from its fields).
-    """
+    """``build()``, or a TypeError naming the class if it fails or loses ``items``."""
     cls = type(obj)
     try:
         out = build()
@@ -245,55 +220,30 @@ def _cast_collection(obj: Any, src: Collection[torch.dtype], dst: torch.dtype,
 def cast_tensor_type(inputs: Any, src_type: Any = None, dst_type: Any = None) -> Any:
     """Recursively convert tensors of dtype ``src_type`` inside ``inputs`` to ``dst_type``.
 
-    Only tensors whose dtype equals ``src_type`` change (an int tensor stays
-    int). Modules, strings, bytes, numpy arrays, ranges, iterators and
-    generators are returned as they are (nothing is consumed). Mappings,
-    lists, tuples, namedtuples, sets, deques, OrderedDicts and defaultdicts are
-    rebuilt with the same type (a defaultdict keeps its factory, a deque its
-    maxlen). Anything else is returned as is. When nothing needs casting, the
-    very same object comes back.
-
-    ``src_type`` and ``dst_type`` take whatever mmcv's ``cast_tensor_type``
-    takes. A ``src_type`` that is not a torch dtype (None, ``str``,
-    ``np.ndarray``, ...) equals no tensor's dtype, so nothing changes; a
-    ``dst_type`` of None changes nothing either (``Tensor.to(None)``). Any other
-    ``dst_type`` goes to ``Tensor.to`` as in mmcv (``float`` means float64, a
-    device moves the tensor); what ``Tensor.to`` refuses is a TypeError naming
-    it, raised only when a tensor of ``src_type`` is there to convert.
-
-    A container that holds itself (a cycle) comes back as the very same
-    object when nothing inside it needs casting; when something does, it is a
-    ValueError (a copy cannot keep the cycle), as is nesting deeper than
-    :data:`MAX_DEPTH` containers. A container that must be rebuilt but cannot
-    be (its constructor refuses the list of its items, or a dict for a
-    mapping, as mmcv's does; or the object it builds does not hold the cast
-    items) is a TypeError naming its class: no tensor is left uncast or dropped
-    silently.
+    Only tensors of ``src_type`` change; modules, strings, numpy arrays, ranges
+    and iterators come back as they are, containers are rebuilt with their own
+    type, and the very same object comes back when nothing needs casting.
 
     Args:
-        inputs: Anything: a tensor, a container of tensors, or another object.
+        inputs: A tensor, a container of tensors, or anything else.
         src_type: The dtype to convert from (anything else matches no tensor).
         dst_type: The dtype to convert to (None: no conversion; anything else
-            that ``Tensor.to`` takes is passed to it).
+            that ``Tensor.to`` takes is passed to it, as mmcv does).
 
     Returns:
         ``inputs`` with its matching tensors converted.
 
     Raises:
-        TypeError: A tensor of ``src_type`` is to be converted and
-            ``Tensor.to`` refuses ``dst_type`` (a class such as ``str``, the
-            name ``'float16'`` instead of ``torch.float16``); nothing is cast.
-            Also a container holding such a tensor that cannot be rebuilt.
-        ValueError: A cycle holding tensors to cast, or nesting deeper than
-            :data:`MAX_DEPTH`; nothing is cast.
+        TypeError: ``Tensor.to`` refuses ``dst_type``, or a container that
+            holds a tensor to convert cannot be rebuilt; nothing is cast.
+        ValueError: A container that holds itself and a tensor to convert, or
+            nesting deeper than ``MAX_DEPTH``; nothing is cast.
 
     Example:
         >>> import torch
         >>> x = (torch.ones(1), torch.ones(1, dtype=torch.int64))
         >>> [t.dtype for t in cast_tensor_type(x, torch.float32, torch.float16)]
         [torch.float16, torch.int64]
-        >>> cast_tensor_type('tensor', str, str)
-        'tensor'
     """
     if dst_type is None or not isinstance(src_type, torch.dtype):
         return inputs

@@ -1,28 +1,7 @@
 """Overflow diagnostics: which module or parameter went non-finite first.
 
-:func:`find_overflow` watches a model for one block of code (usually one
-forward and backward pass) and reports the first module whose output became
-inf or nan in the forward pass, the first whose output gradient became
-non-finite in the backward pass, and every parameter left with a non-finite
-``.grad``.
-
-It is a debugging tool, not something to leave on for every step: each
-checked tensor costs one device synchronisation (a ``.item()``-like read),
-and hooked modules run through PyTorch's slower hook path. Use it on the
-eager model (not inside ``torch.compile``), for the step that misbehaves.
-
-Example:
-    >>> import torch
-    >>> from torch import nn
-    >>> from fp16utils import find_overflow
-    >>> class Blowup(nn.Module):
-    ...     def forward(self, x):
-    ...         return x / 0
-    >>> model = nn.Sequential(nn.Linear(2, 2), Blowup(), nn.Linear(2, 1))
-    >>> with find_overflow(model) as report:
-    ...     model(torch.ones(1, 2)).sum().backward()
-    >>> report.first_module, report.ok
-    ('1', False)
+:func:`find_overflow` watches a model for one block (a forward and backward pass);
+:func:`nonfinite_summary` describes the tensors that hold inf or nan.
 """
 
 from __future__ import annotations
@@ -50,13 +29,9 @@ def _checkable(t: Any) -> bool:
 
 
 def _values(t: torch.Tensor) -> torch.Tensor:
-    """The stored values of a checkable tensor as a dense tensor that ``isfinite`` takes.
-
-    Sparse tensors give their stored values, nested tensors their components
-    flattened, and 8-bit floats are widened (torch has no ``isfinite`` for them).
-    """
+    """A checkable tensor's stored values as a dense tensor ``isfinite`` takes (8-bit: widened)."""
     values = t.detach()
-    if getattr(values, 'is_nested', False):
+    if values.is_nested:
         parts = [part.reshape(-1) for part in values.unbind()]
         values = torch.cat(parts) if parts else torch.zeros(0, device=t.device)
     elif values.layout == torch.sparse_coo:
@@ -111,7 +86,7 @@ def _describe_tensor(t: torch.Tensor, **fields: Any) -> NonFiniteRecord:
     """Build the record of a tensor known to hold a non-finite value."""
     with torch.no_grad():
         values = _values(t)
-        nested = getattr(t, 'is_nested', False)
+        nested = t.is_nested
         dtype = t.dtype
         shape = tuple(values.shape) if nested else tuple(t.shape)
         numel = values.numel() if nested else t.numel()
@@ -173,25 +148,19 @@ def nonfinite_summary(tensors: Union[nn.Module, abc.Mapping, Iterable[_Named]], 
     """Describe the tensors (or their gradients) that hold inf or nan.
 
     Args:
-        tensors: A module (its named parameters are used), one tensor, a
-            mapping of names to tensors, an iterable of ``(name, tensor)``
-            pairs such as ``model.named_parameters()``, or an iterable of
-            tensors (named by position, ``'0'``, ``'1'``, ...). Tensors inside
-            nested lists, tuples and dicts are named by their place
-            (``'0[1]'``). Sparse and nested tensors are judged on their stored
-            values. Other objects, integer tensors and meta tensors (which
-            hold no values) are skipped.
-        grads: Judge each tensor's ``.grad`` rather than its value (tensors
-            without a gradient are skipped).
+        tensors: A module (its named parameters), one tensor, a mapping of names
+            to tensors, an iterable of ``(name, tensor)`` pairs, or of tensors
+            (named ``'0'``, ``'1'``, ...); tensors nested in lists, tuples and dicts
+            are named by their place (``'0[1]'``). Sparse and nested tensors are
+            judged on their stored values; other objects, integer and meta tensors
+            are skipped.
+        grads: Judge each tensor's ``.grad`` (tensors without one are skipped).
 
     Returns:
-        One :class:`NonFiniteRecord` per non-finite tensor, in input order;
-        empty when everything is finite. ``kind`` is ``'param-grad'`` (module
-        given with ``grads=True``), ``'grad'`` or ``'value'``.
+        One :class:`NonFiniteRecord` per non-finite tensor, in input order.
 
     Raises:
-        TypeError: ``tensors`` is none of the above (None, a number, a
-            string), or ``grads`` is not a bool.
+        TypeError: ``tensors`` is none of the above, or ``grads`` is not a bool.
 
     Example:
         >>> import torch
@@ -312,44 +281,40 @@ def find_overflow(model: nn.Module, *, check_grads: bool = True,
                   check_outputs: bool = True) -> Iterator[OverflowReport]:
     """Find the first module and the parameters that produce inf or nan.
 
-    Inside the block, a forward hook on every submodule checks its outputs
-    (tensors inside tuples, lists, dicts and namedtuples too) and registers a
-    gradient hook on each output tensor that requires grad, which checks the
-    gradient with respect to that output in backward. Tensor hooks are used
-    rather than ``register_full_backward_hook`` because the latter fails when
-    a later in-place op (``nn.ReLU(inplace=True)``) modifies a hooked output.
-    On exit every hook is removed (also when the block raises) and the
-    parameters whose ``.grad`` is non-finite are listed.
-
-    Debugging tool: every checked tensor costs a device synchronisation. Run
-    it for the step that goes wrong, on the eager model, with gradients
-    zeroed (or None) beforehand so that stale gradients are not reported.
+    Inside the block every submodule's outputs (inside tuples, lists, dicts and
+    namedtuples too) are checked, and so is the gradient with respect to each output
+    in backward (tensor hooks: a full backward hook fails under a later in-place op);
+    on exit every hook is removed, also when the block raises, and the parameters
+    with a non-finite ``.grad`` are listed. A debugging tool: each checked tensor
+    costs a device sync. Run it on the eager model, for the step that goes wrong,
+    with gradients zeroed beforehand.
 
     Args:
         model: The model to watch (all of ``model.named_modules()``).
-        check_grads: Check output gradients in backward and parameter
-            gradients on exit.
+        check_grads: Check output gradients in backward and parameter gradients on exit.
         check_outputs: Check module outputs in forward.
 
     Yields:
-        An :class:`OverflowReport`, filled in as the block runs; print it, or
-        read ``report.first_module``, ``report.ok`` and ``report.to_dict()``.
+        An :class:`OverflowReport`, filled in as the block runs.
 
     Raises:
-        TypeError: When ``model`` is not an ``nn.Module``, or a flag is not a bool.
+        TypeError: ``model`` is not an ``nn.Module``, or a flag is not a bool.
 
     Warns:
-        UserWarning: Naming the TorchScript submodules: they take no hooks, and
-            ``report.unwatched`` lists them.
+        UserWarning: Naming the TorchScript submodules, which take no hooks
+            (``report.unwatched`` lists them).
 
     Example:
         >>> import torch
         >>> from torch import nn
-        >>> model = nn.Sequential(nn.Linear(2, 2), nn.ReLU(inplace=True))
+        >>> class Blowup(nn.Module):
+        ...     def forward(self, x):
+        ...         return x / 0
+        >>> model = nn.Sequential(nn.Linear(2, 2), Blowup(), nn.Linear(2, 1))
         >>> with find_overflow(model) as report:
         ...     model(torch.ones(1, 2)).sum().backward()
-        >>> report.ok, str(report).startswith('find_overflow: no non-finite values found')
-        (True, True)
+        >>> report.first_module, report.ok
+        ('1', False)
     """
     if not isinstance(model, nn.Module):
         raise TypeError(

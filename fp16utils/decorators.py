@@ -1,31 +1,9 @@
-"""``auto_fp16`` and ``force_fp32``: the 0.x decorators, on any device and dtype.
-
-Both decorators share one argument-casting core (:class:`CastPlan`): the
-decorated function's signature is read once, when the decorator is applied,
-and each call only walks the arguments that were named.
-
-Example:
-    >>> import torch
-    >>> from torch import nn
-    >>> from fp16utils import auto_fp16, force_fp32
-    >>> class Head(nn.Module):
-    ...     fp16_enabled = True
-    ...     @auto_fp16(apply_to=('x',), dtype=torch.bfloat16)
-    ...     def forward(self, x):
-    ...         return x * 2
-    ...     @force_fp32()
-    ...     def loss(self, pred):
-    ...         return pred.sum()
-    >>> head = Head()
-    >>> y = head(torch.ones(2))
-    >>> y.dtype, head.loss(y).dtype
-    (torch.bfloat16, torch.float32)
-"""
+"""``auto_fp16`` and ``force_fp32``: the 0.x decorators, on any device and dtype."""
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, TypeVar, Union
+from typing import Any, Callable, Iterable, Optional, Sequence, TypeVar, Union
 
 import torch
 from torch import nn
@@ -39,9 +17,13 @@ __all__ = ['auto_fp16', 'force_fp32']
 F = TypeVar('F', bound=Callable[..., Any])
 
 _MISSING = object()
+_ASK = object()  # a class attribute read on every call (a property, a dtype name)
 _NO_DICT: dict = {}
 _FLOAT = (torch.float32,)
 _LOW = (torch.float16, torch.bfloat16)
+
+#: Device type of a module's first parameter or buffer ('cpu' if none); bound once.
+_module_device_type = models.module_device_type
 
 
 def _instance_attr(obj: Any, name: str, default: Any) -> Any:
@@ -55,10 +37,6 @@ def _instance_attr(obj: Any, name: str, default: Any) -> Any:
     if hasattr(value, '__get__'):  # a property or other descriptor
         return getattr(obj, name, default)
     return value
-
-
-#: Device type of a module's first parameter or buffer ('cpu' if none); bound once.
-_module_device_type = models.module_device_type
 
 
 def _check_decorator_args(decorator: str, apply_to: Any, flag_name: str, flag: Any,
@@ -80,6 +58,25 @@ def _check_decorator_args(decorator: str, apply_to: Any, flag_name: str, flag: A
     return types
 
 
+def _owner_error(args: tuple, supported_types: tuple, decorator: str,
+                 func: Callable[..., Any]) -> TypeError:
+    """The error for a call whose first argument is not of ``supported_types``."""
+    got = f'{type(args[0]).__name__} as its first argument' if args else 'no arguments'
+    names = ', '.join(t.__name__ for t in supported_types)
+    return TypeError(f'@{decorator} can only decorate methods of {names}; '
+                     f'{func.__qualname__} was called with {got}.')
+
+
+def _enabled(owner: Any, flag: Any) -> bool:
+    """``bool(flag)`` for an ``fp16_enabled`` that is not a bool; a TypeError naming it."""
+    try:
+        return bool(flag)
+    except Exception as err:  # noqa: BLE001 - e.g. a tensor of several values
+        raise TypeError(
+            f'{type(owner).__name__}.fp16_enabled must be True or False, got '
+            f'{flag!r}, which has no truth value ({err}).') from None
+
+
 def _find_device_type(args: tuple, kwargs: dict, seen: Sequence[str]) -> str:
     """Device type of the first cast tensor, else of any tensor argument, else the module."""
     if seen:
@@ -99,96 +96,30 @@ def _owner_dtype(owner: Any) -> torch.dtype:
         raise ValueError(f'{type(owner).__name__}.fp16_dtype: {err}') from None
 
 
-def _uses_autocast(module: Any) -> bool:
-    flag = _instance_attr(module, '_fp16_autocast', None)
+def _uses_autocast(owner: Any) -> bool:
+    """Whether the owner runs under autocast: ``_fp16_autocast``, else the default backend."""
+    flag = _instance_attr(owner, '_fp16_autocast', None)
     if flag is None:
         return versions.default_backend() == 'native'
     return bool(flag)
 
 
-def _check_owner(args: tuple, supported_types: tuple, decorator: str,
-                 func: Callable[..., Any]) -> None:
-    if not args or not isinstance(args[0], supported_types):
-        got = (f'{type(args[0]).__name__} as its first argument' if args
-               else 'no arguments')
-        names = ', '.join(t.__name__ for t in supported_types)
-        raise TypeError(
-            f'@{decorator} can only decorate methods of {names}; '
-            f'{func.__qualname__} was called with {got}.')
-
-
-def _switched(func: F, supported_types: tuple, decorator: str,
-              run: Callable[[Any, Mapping[str, Any], tuple, dict], Any],
-              idle: Optional[Callable[[tuple, dict], Any]] = None) -> F:
-    """Wrap ``func`` so that ``run(owner, owner.__dict__, args, kwargs)`` replaces it
-    when the owner (the first argument) has a true ``fp16_enabled``; else ``func``
-    runs (or ``idle(args, kwargs)``, when given).
-
-    The check is inline, so the disabled path costs next to nothing.
-    """
-
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            owner = args[0]
-            state = owner.__dict__
-            enabled = state.get('fp16_enabled', _MISSING)
-        except (IndexError, AttributeError):
-            owner = args[0] if args else None
-            state = _NO_DICT
-            enabled = _MISSING
-        if not isinstance(owner, supported_types):
-            _check_owner(args, supported_types, decorator, func)
-        if enabled is _MISSING:
-            enabled = _instance_attr(owner, 'fp16_enabled', False)
-        try:
-            off = not enabled
-        except Exception as err:  # noqa: BLE001 - e.g. a tensor of several values
-            raise TypeError(
-                f'{type(owner).__name__}.fp16_enabled must be True or False, got '
-                f'{enabled!r}, which has no truth value ({err}).') from None
-        if off:
-            if idle is None:
-                return func(*args, **kwargs)
-            return idle(args, kwargs)
-        return run(owner, state, args, kwargs)
-
-    wrapper._fp16utils_decorated = True  # type: ignore[attr-defined]
-    return wrapper  # type: ignore[return-value]
+def _class_settings(cls: type, classes: dict) -> tuple:
+    """Keep in ``classes`` and return ``(dtype, _fp16_autocast)`` as ``cls`` gives them."""
+    low = getattr(cls, 'fp16_dtype', None)
+    low = torch.float16 if low is None else low if low in _LOW else _ASK
+    flag = getattr(cls, '_fp16_autocast', None)
+    classes[cls] = low, flag if flag is None or flag is True or flag is False else _ASK
+    return classes[cls]
 
 
 def fp32_plan(func: Callable[..., Any]) -> CastPlan:
-    """The cast plan of :func:`run_fp32` for ``func``: every argument after the first.
-
-    Example:
-        >>> fp32_plan(lambda self, x: x).all_args
-        True
-    """
+    """The cast plan of :func:`run_fp32` for ``func``: every argument after the first."""
     return CastPlan(func, None, 'force_fp32')
 
 
 def run_fp32(plan: CastPlan, func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-    """Call ``func`` as ``@force_fp32`` does: half arguments to float32, autocast off.
-
-    The core that :func:`force_fp32` and :func:`fp16utils.fp32_modules.keep_fp32` share:
-    the float16/bfloat16 arguments ``plan`` names become float32 and, where
-    autocast is on for their device, ``func`` runs with it turned off. The
-    output is returned as it is.
-
-    Args:
-        plan: From :func:`fp32_plan` (or the decorator's own plan).
-        func: The function; ``args[0]`` is its owner (``self``).
-        args: Positional arguments, the owner first.
-        kwargs: Keyword arguments.
-
-    Returns:
-        What ``func`` returns.
-
-    Example:
-        >>> f = lambda self, x: x
-        >>> run_fp32(fp32_plan(f), f, (None, torch.ones(1).half()), {}).dtype
-        torch.float32
-    """
+    """Call ``func`` as ``@force_fp32`` does: half arguments to float32, autocast off."""
     if plan.all_args and not kwargs:
         args, device_type = cast_positional(args, _LOW, torch.float32)
     else:
@@ -203,16 +134,7 @@ def run_fp32(plan: CastPlan, func: Callable[..., Any], args: tuple, kwargs: dict
 
 
 def undecorated(func: Callable[..., Any]) -> Callable[..., Any]:
-    """``func`` without the :func:`auto_fp16` / :func:`force_fp32` layers on top of it.
-
-    Only this package's decorators are peeled off (any other decorator stays).
-
-    Example:
-        >>> def f(self, x):
-        ...     return x
-        >>> undecorated(auto_fp16()(force_fp32()(f))) is f
-        True
-    """
+    """``func`` without this package's decorators on top of it (others stay)."""
     while getattr(func, '_fp16utils_decorated', False):
         func = func.__wrapped__  # type: ignore[attr-defined]
     return func
@@ -221,40 +143,34 @@ def undecorated(func: Callable[..., Any]) -> Callable[..., Any]:
 def auto_fp16(apply_to: Optional[Iterable[str]] = None, out_fp32: bool = False,
               supported_types: tuple = (nn.Module,),
               dtype: Union[torch.dtype, str, None] = None) -> Callable[[F], F]:
-    """Run a method in low precision when its owner has ``fp16_enabled`` set.
+    """Run a method in low precision when its owner has a true ``fp16_enabled``.
 
-    When the instance (the first argument) has a true ``fp16_enabled``
-    attribute, the named float32 arguments (all of them when ``apply_to`` is
-    None) are cast to the low-precision dtype and the method runs inside
-    ``torch.autocast`` on the device of those tensors (CPU included). Without
-    the flag the method runs untouched.
+    The named float32 arguments are cast to the low-precision dtype and the
+    method runs inside ``torch.autocast`` on their device; without the flag it
+    runs untouched.
 
     Args:
-        apply_to: Names of the arguments to cast; None casts them all. Names
-            are checked against the signature when the decorator is applied.
+        apply_to: Names of the arguments to cast; None casts them all.
         out_fp32: Cast low-precision outputs back to float32.
         supported_types: Classes whose methods may be decorated; a call with
             any other first argument is a TypeError.
-        dtype: ``torch.float16``, ``torch.bfloat16`` (or their names); None
-            means the instance's ``fp16_dtype`` attribute, else float16.
+        dtype: ``torch.float16`` or ``torch.bfloat16`` (or their names); None
+            means the instance's ``fp16_dtype``, else float16.
 
     Returns:
         The decorator.
 
     Raises:
-        ValueError: When ``apply_to`` names an argument the function lacks.
-        TypeError: When an argument has the wrong type (``apply_to`` not names,
-            ``supported_types`` not classes), the decorator is used without
-            parentheses, or it is applied to a staticmethod, classmethod,
-            property, generator or async function.
+        ValueError: ``apply_to`` names an argument the function lacks, or
+            ``dtype`` is not float16 or bfloat16.
+        TypeError: An argument of the wrong type, no parentheses, or a
+            function it cannot run (a staticmethod, generator, ...).
 
     Example:
         >>> import torch
         >>> from torch import nn
         >>> class Net(nn.Module):
-        ...     def __init__(self):
-        ...         super().__init__()
-        ...         self.fp16_enabled = True
+        ...     fp16_enabled = True
         ...     @auto_fp16(out_fp32=True)
         ...     def forward(self, x):
         ...         return x
@@ -268,12 +184,26 @@ def auto_fp16(apply_to: Optional[Iterable[str]] = None, out_fp32: bool = False,
     def decorator(func: F) -> F:
         plan = CastPlan(func, apply_to, 'auto_fp16')
         positional = plan.all_args  # no kwargs in a call: the fast positional cast
+        classes: dict = {}  # class -> _class_settings(class)
 
-        def run(owner: Any, state: Mapping[str, Any], args: tuple, kwargs: dict) -> Any:
-            # What wrap_fp16_model records on the instance is read straight from
-            # its __dict__; class attributes, properties and names take the long way.
-            low = fixed_dtype or state.get('fp16_dtype')
-            if low not in _LOW:
+        def run(owner: Any, args: tuple, kwargs: dict) -> Any:
+            # What wrap_fp16_model sets on the instance is read on every call. What the
+            # class says (a flag set by hand) is kept per class in ``classes`` at its
+            # first call: a class attribute reassigned later is not seen. The default
+            # backend is asked on every call, so refresh() is honoured.
+            state = getattr(owner, '__dict__', _NO_DICT)
+            low = fixed_dtype or state.get('fp16_dtype', _MISSING)
+            native = state.get('_fp16_autocast', _MISSING)
+            if native is _MISSING:
+                known = classes.get(type(owner)) or _class_settings(type(owner), classes)
+                native = known[1]
+                if low is _MISSING:
+                    low = known[0]
+            if native is None:
+                native = versions.default_backend() == 'native'
+            elif native is _ASK:
+                native = _uses_autocast(owner)
+            if low not in _LOW:  # a name, a property, None or a wrong value
                 low = _owner_dtype(owner)
             if positional and not kwargs:
                 args, device_type = cast_positional(args, _FLOAT, low)
@@ -281,9 +211,6 @@ def auto_fp16(apply_to: Optional[Iterable[str]] = None, out_fp32: bool = False,
                 seen: list = []
                 args, kwargs = plan.cast(args, kwargs, _FLOAT, low, seen)
                 device_type = seen[0] if seen else None
-            native = state.get('_fp16_autocast')
-            if native is None:
-                native = _uses_autocast(owner)
             if native:
                 if device_type is None:
                     device_type = _find_device_type(args, kwargs, ())
@@ -301,7 +228,22 @@ def auto_fp16(apply_to: Optional[Iterable[str]] = None, out_fp32: bool = False,
                 output = _cast(output, (low,), torch.float32, None)
             return output
 
-        return _switched(func, supported_types, 'auto_fp16', run)
+        # The disabled path stays in this small frame (it costs what mmcv's does).
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                owner = args[0]
+            except IndexError:
+                raise _owner_error(args, supported_types, 'auto_fp16', func) from None
+            if not isinstance(owner, supported_types):
+                raise _owner_error(args, supported_types, 'auto_fp16', func)
+            flag = getattr(owner, 'fp16_enabled', False)  # as mmcv reads it
+            if flag is False or (flag is not True and not _enabled(owner, flag)):
+                return func(*args, **kwargs)
+            return run(owner, args, kwargs)
+
+        wrapper._fp16utils_decorated = True  # type: ignore[attr-defined]
+        return wrapper  # type: ignore[return-value]
 
     return decorator
 
@@ -310,29 +252,23 @@ def force_fp32(apply_to: Optional[Iterable[str]] = None, out_fp16: bool = False,
                supported_types: tuple = (nn.Module,)) -> Callable[[F], F]:
     """Run a method in float32 when its owner has ``fp16_enabled`` set, or under autocast.
 
-    The mirror image of :func:`auto_fp16`: the named float16 and bfloat16
-    arguments become float32 and the method runs with autocast disabled on
-    their device. It acts when the owner has a true ``fp16_enabled`` (the 0.x
-    style), and also, without the flag, whenever autocast is on for the
-    device of the arguments (the 1.x style: a whole forward under
-    ``optim_context`` or ``torch.autocast``), so that a loss stays float32
-    once a codebase drops its flags. Otherwise the method runs untouched, as
-    mmcv's does. Without the flag, ``out_fp16`` casts back to the autocast
-    dtype.
+    The named half arguments become float32 and the method runs with autocast
+    off. Without the flag it does so only where autocast is on, so that a loss
+    stays float32 once a codebase drops its flags.
 
     Args:
         apply_to: Names of the arguments to cast; None casts them all.
         out_fp16: Cast float32 outputs back to the low-precision dtype (the
-            instance's ``fp16_dtype``, else float16).
+            instance's ``fp16_dtype``, else float16; the autocast dtype
+            without the flag).
         supported_types: Classes whose methods may be decorated.
 
     Returns:
-        A decorator for methods of ``supported_types``.
+        The decorator.
 
     Raises:
-        ValueError: At decoration, when ``apply_to`` names a missing argument.
-        TypeError: At decoration, for arguments of the wrong type, or a
-            function it cannot run (see :func:`auto_fp16`).
+        ValueError: ``apply_to`` names an argument the function lacks.
+        TypeError: As for :func:`auto_fp16`.
 
     Example:
         >>> import torch
@@ -351,16 +287,24 @@ def force_fp32(apply_to: Optional[Iterable[str]] = None, out_fp16: bool = False,
     def decorator(func: F) -> F:
         plan = CastPlan(func, apply_to, 'force_fp32')
 
-        def run(owner: Any, state: Mapping[str, Any], args: tuple, kwargs: dict) -> Any:
-            output = run_fp32(plan, func, args, kwargs)
-            if out_fp16:
-                low = _owner_dtype(owner)
-                output = _cast(output, _FLOAT, low, None)
-            return output
-
-        def idle(args: tuple, kwargs: dict) -> Any:
-            # No fp16_enabled flag: float32 all the same where autocast is on for the
-            # arguments' device (a 1.x whole-forward autocast), else untouched.
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                owner = args[0]
+            except IndexError:
+                raise _owner_error(args, supported_types, 'force_fp32', func) from None
+            if not isinstance(owner, supported_types):
+                raise _owner_error(args, supported_types, 'force_fp32', func)
+            # Read without nn.Module.__getattr__'s costly miss: modules moved to 1.x
+            # style have no flag, and their losses call this on every step.
+            flag = getattr(owner, '__dict__', _NO_DICT).get('fp16_enabled', _MISSING)
+            if flag is _MISSING:
+                flag = _instance_attr(owner, 'fp16_enabled', False)
+            if flag is True or (flag is not False and _enabled(owner, flag)):
+                output = run_fp32(plan, func, args, kwargs)
+                return _cast(output, _FLOAT, _owner_dtype(owner), None) if out_fp16 else output
+            # No flag: float32 all the same where autocast is on for the arguments'
+            # device (a 1.x whole-forward autocast), else untouched.
             if not autocast.any_autocast_enabled():
                 return func(*args, **kwargs)
             enabled, low = autocast.autocast_state(_find_device_type(args, kwargs, ()))
@@ -371,6 +315,7 @@ def force_fp32(apply_to: Optional[Iterable[str]] = None, out_fp16: bool = False,
                 output = _cast(output, _FLOAT, low if low in _LOW else torch.float16, None)
             return output
 
-        return _switched(func, supported_types, 'force_fp32', run, idle)
+        wrapper._fp16utils_decorated = True  # type: ignore[attr-defined]
+        return wrapper  # type: ignore[return-value]
 
     return decorator

@@ -1,20 +1,4 @@
-"""``keep_fp32``: run chosen submodules in float32, named by configuration.
-
-The configuration-driven twin of ``@force_fp32``: instead of decorating a
-method, name the modules (qualified-name patterns, classes or class names) and
-their forwards run with autocast off and their half inputs cast to float32,
-through the same casting core as the decorator.
-
-Example:
-    >>> import torch
-    >>> from torch import nn
-    >>> from fp16utils import keep_fp32
-    >>> model = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4))
-    >>> model = keep_fp32(model, [nn.LayerNorm])
-    >>> with torch.autocast('cpu', dtype=torch.bfloat16):
-    ...     model[0](torch.ones(1, 4)).dtype, model(torch.ones(1, 4)).dtype
-    (torch.bfloat16, torch.float32)
-"""
+"""``keep_fp32``: run chosen submodules in float32, named by configuration."""
 
 from __future__ import annotations
 
@@ -44,15 +28,7 @@ _PLAN = fp32_plan(_call_all)
 
 
 class _Fp32Forward:
-    """A module's forward run as ``@force_fp32`` runs a method (a picklable object).
-
-    It keeps the module as an ordinary attribute, like ``wrap.py``'s patched
-    forwards, so ``copy.deepcopy`` gives a copy whose forward runs the copy,
-    and ``pickle``/``torch.save`` of the whole model work. ``func`` is the
-    class's forward (this package's decorators peeled off) called with the
-    owner first; ``inner`` is a forward that was already set on the instance
-    (a patched norm's, say), called as it is.
-    """
+    """A module's forward run as ``@force_fp32`` runs a method; picklable, deep-copied with it."""
 
     def __init__(self, owner: nn.Module, func: Optional[Callable[..., Any]],
                  inner: Optional[Callable[..., Any]], out_dtype: Optional[torch.dtype]) -> None:
@@ -89,12 +65,7 @@ def _class_names(module: nn.Module) -> List[str]:
 
 def check_fp32_modules(modules: Fp32Modules, where: str = 'keep_fp32'
                        ) -> List[Union[str, type]]:
-    """Check the form of a ``modules``/``fp32_modules`` value (no model needed); as a list.
-
-    Example:
-        >>> check_fp32_modules('head.*')
-        ['head.*']
-    """
+    """Check the form of a ``modules``/``fp32_modules`` value (no model needed); as a list."""
     if modules is None:
         return []
     if isinstance(modules, (str, type)):
@@ -119,32 +90,7 @@ def check_fp32_modules(modules: Fp32Modules, where: str = 'keep_fp32'
 
 def match_modules(model: nn.Module, modules: Fp32Modules,
                   where: str = 'keep_fp32') -> List[str]:
-    """The qualified names of the submodules of ``model`` that ``modules`` names.
-
-    A string matches a module whose qualified name (as ``model.named_modules()``
-    gives it) matches it as an ``fnmatch`` pattern, or whose class, or a base
-    class below ``nn.Module``, has that ``__name__``; a class matches its
-    instances (subclasses included). ``''`` is the model itself in the result.
-
-    Args:
-        model: The model.
-        modules: A pattern, class or class name, or a list of them (None: none).
-        where: Who asks, for the error messages.
-
-    Returns:
-        The matching names, in ``named_modules`` order, each once.
-
-    Raises:
-        TypeError: For an entry of another type, or ``model`` not a module.
-        ValueError: For an entry that matches nothing (it names the entry and
-            some of the names there are), or an empty pattern.
-
-    Example:
-        >>> from torch import nn
-        >>> model = nn.Sequential(nn.Linear(2, 2), nn.LayerNorm(2))
-        >>> match_modules(model, ['0', 'LayerNorm'])
-        ['0', '1']
-    """
+    """Qualified names (``named_modules`` order) of the submodules that ``modules`` names."""
     if not isinstance(model, nn.Module):
         raise TypeError(f'{where}: model must be an nn.Module, got {type(model).__name__}.')
     entries = check_fp32_modules(modules, where)
@@ -159,12 +105,14 @@ def match_modules(model: nn.Module, modules: Fp32Modules,
 
 
 def _matches(entry: Union[str, type], name: str, module: nn.Module) -> bool:
+    """Whether a pattern, class or class name names this module."""
     if isinstance(entry, type):
         return isinstance(module, entry)
     return fnmatch.fnmatchcase(name, entry) or entry in _class_names(module)
 
 
 def _no_match(entry: Union[str, type], named: list, where: str) -> str:
+    """The message for an entry that matches no module."""
     names = [n for n, _ in named if n][:6]
     classes = sorted({type(m).__name__ for _, m in named})[:6]
     what = entry.__name__ if isinstance(entry, type) else repr(entry)
@@ -177,33 +125,26 @@ def keep_fp32(model: nn.Module, modules: Fp32Modules,
               out_dtype: Union[torch.dtype, str, None] = None) -> nn.Module:
     """Run the named submodules of ``model`` in float32, whatever autocast says.
 
-    Each matched module's forward runs with autocast off on its inputs'
-    device, its float16/bfloat16 tensor inputs cast to float32, exactly as a
-    ``@force_fp32`` forward would (the same casting core); its output is left
-    in float32. Forwards already decorated with ``@auto_fp16``/``@force_fp32``
-    run undecorated inside (float32 wins). Applying it twice changes nothing
-    more; the model's ``state_dict`` keys are unchanged; ``copy.deepcopy``,
-    ``pickle`` and ``torch.save`` of the model keep the float32 forwards.
+    Each matched forward runs as a ``@force_fp32`` method would: half inputs
+    cast to float32, autocast off, the output left in float32. Applying it
+    twice changes nothing more; ``state_dict`` keys, ``copy.deepcopy`` and
+    pickling are unaffected.
 
     Args:
-        model: The model; changed in place.
-        modules: Qualified-name patterns (``fnmatch`` on the names of
-            ``model.named_modules()``: ``'roi_head.*'``,
-            ``'backbone.layer1.0.bn1'``), ``nn.Module`` classes (subclasses
-            match) or class names (``'DeformConv2d'``, matched along each
-            module's class hierarchy); one of them, or a list.
-        out_dtype: For a model that is itself half (the legacy backend): the
-            matched modules' parameters and buffers go back to float32 and
-            their float32 outputs are cast to this dtype for the layers after
-            them. None (autocast): parameters untouched, outputs float32.
+        model: The model, changed in place.
+        modules: ``fnmatch`` patterns on the qualified names
+            (``'roi_head.*'``), ``nn.Module`` classes or class names
+            (``'DeformConv2d'``), or a list of them.
+        out_dtype: For a half model (the legacy backend): the matched
+            modules go back to float32 and their outputs are cast to this
+            dtype. None: parameters untouched, outputs float32.
 
     Returns:
-        ``model`` itself. :func:`kept_fp32` lists the modules it runs in float32.
+        ``model`` itself.
 
     Raises:
-        ValueError: When an entry matches no module (a typo would otherwise do
-            nothing); nothing is changed then.
-        TypeError: For entries that are not strings or ``nn.Module`` classes.
+        ValueError: An entry matches no module; nothing is changed.
+        TypeError: An entry is not a string or ``nn.Module`` class.
 
     Example:
         >>> import torch
@@ -236,6 +177,12 @@ def keep_fp32(model: nn.Module, modules: Fp32Modules,
 
 def kept_fp32(model: nn.Module) -> List[str]:
     """The qualified names of the modules of ``model`` that :func:`keep_fp32` runs in float32.
+
+    Args:
+        model: The model.
+
+    Returns:
+        The names, in ``named_modules`` order.
 
     Example:
         >>> from torch import nn

@@ -1,34 +1,8 @@
-"""Put fp16utils in place of mmcv 1.x's fp16 names: :func:`patch_mmcv`, :func:`unpatch_mmcv`.
+"""fp16utils in place of mmcv 1.x's fp16 names: :func:`patch_mmcv`, :func:`unpatch_mmcv`.
 
-mmcv is imported by :func:`patch_mmcv` only, never when this module is
-imported. What the patch replaces, in the modules of mmcv that have them:
-
-- ``mmcv.runner.fp16_utils``: ``auto_fp16``, ``force_fp32``,
-  ``wrap_fp16_model``, ``patch_norm_fp32``, ``patch_forward_method``,
-  ``cast_tensor_type``, ``LossScaler``;
-- ``mmcv.runner``: ``auto_fp16``, ``force_fp32``, ``wrap_fp16_model``,
-  ``LossScaler``, ``Fp16OptimizerHook``, ``GradientCumulativeFp16OptimizerHook``;
-- ``mmcv.runner.hooks``: the two hooks; ``mmcv.runner.hooks.optimizer``: the
-  two hooks, ``LossScaler`` and ``wrap_fp16_model``;
-- the ``HOOKS`` registry entries ``'Fp16OptimizerHook'`` and
-  ``'GradientCumulativeFp16OptimizerHook'`` (so ``optimizer_config =
-  dict(type='Fp16OptimizerHook', ...)`` builds ours);
-- ``IterBasedRunner.resume``: wrapped so that it brings back
-  ``runner.meta['fp16']`` from the checkpoint (mmcv's own restores no
-  ``meta``, so the loss scale was lost) and, on a machine without CUDA, loads
-  to the CPU (mmcv's own asks CUDA for the current device).
-
-The decorators, ``cast_tensor_type``, ``patch_norm_fp32``,
-``patch_forward_method`` and ``LossScaler`` are fp16utils' own objects. The
-hooks and ``wrap_fp16_model`` installed are this module's
-:class:`Fp16OptimizerHook`, :class:`GradientCumulativeFp16OptimizerHook` and
-:func:`wrap_fp16_model`: fp16utils' own (subclasses, a wrapper) that take the
-``dtype`` and ``backend`` given to :func:`patch_mmcv` as their defaults.
-
-Example:
-    >>> import fp16utils
-    >>> fp16utils.unpatch_mmcv()  # nothing is patched: nothing to restore
-    []
+mmcv is imported by :func:`patch_mmcv` only. The hooks and ``wrap_fp16_model`` it
+installs are this module's: fp16utils' own, taking the patch's ``dtype`` and
+``backend`` as their defaults.
 """
 
 from __future__ import annotations
@@ -94,47 +68,17 @@ class _PatchDefaults:
 
 
 class Fp16OptimizerHook(_PatchDefaults, _hooks.Fp16OptimizerHook):
-    """:class:`fp16utils.Fp16OptimizerHook` as :func:`patch_mmcv` puts it into mmcv.
-
-    The same hook; ``dtype`` and ``backend`` default to what was given to
-    :func:`patch_mmcv` (None there: fp16utils' defaults).
-
-    Example:
-        >>> import fp16utils
-        >>> isinstance(Fp16OptimizerHook(loss_scale='dynamic'), fp16utils.Fp16OptimizerHook)
-        True
-    """
+    """:class:`fp16utils.Fp16OptimizerHook` with :func:`patch_mmcv`'s dtype and backend defaults."""
 
 
 class GradientCumulativeFp16OptimizerHook(_PatchDefaults,
                                           _hooks.GradientCumulativeFp16OptimizerHook):
-    """:class:`fp16utils.GradientCumulativeFp16OptimizerHook` as :func:`patch_mmcv` installs it.
-
-    Example:
-        >>> GradientCumulativeFp16OptimizerHook(cumulative_iters=2).cumulative_iters
-        2
-    """
+    """:class:`fp16utils.GradientCumulativeFp16OptimizerHook` with :func:`patch_mmcv`'s defaults."""
 
 
 def wrap_fp16_model(model: nn.Module, dtype: Union[torch.dtype, str, None] = None,
                     backend: Optional[str] = None) -> nn.Module:
-    """:func:`fp16utils.wrap_fp16_model`, defaulting to :func:`patch_mmcv`'s dtype and backend.
-
-    Args:
-        model: A float32 model.
-        dtype: float16 or bfloat16; None: the patch's dtype, else fp16utils' default.
-        backend: ``'native'``, ``'legacy'``; None: the patch's, else the default.
-
-    Returns:
-        ``model`` itself.
-
-    Example:
-        >>> from torch import nn
-        >>> class Net(nn.Linear):
-        ...     fp16_enabled = False
-        >>> wrap_fp16_model(Net(2, 2)).fp16_enabled
-        True
-    """
+    """``fp16utils.wrap_fp16_model``, defaulting to :func:`patch_mmcv`'s dtype and backend."""
     return _wrap_fp16_model(model, _patch.dtype if dtype is None else dtype,
                             _patch.backend if backend is None else backend)
 
@@ -216,28 +160,20 @@ def patch_mmcv(dtype: Union[torch.dtype, str, None] = None,
                backend: Optional[str] = None) -> List[str]:
     """Put fp16utils' decorators, ``wrap_fp16_model``, ``LossScaler`` and hooks in mmcv 1.x.
 
-    Imports mmcv (``mmcv.runner``) and replaces mmcv's fp16 names in its
-    modules and its ``HOOKS`` registry, and wraps ``IterBasedRunner.resume``
-    so the loss scale survives it; see :mod:`fp16utils.mmcv` for the exact
-    list. Calling it again changes nothing but the defaults;
-    :func:`unpatch_mmcv` puts mmcv's objects back.
-
-    Decorators bind when a module is imported: a class whose methods were
-    decorated by mmcv's ``@auto_fp16``/``@force_fp32`` before the patch keeps
-    them, and a module that did ``from mmcv.runner import Fp16OptimizerHook``
-    keeps mmcv's hook. The patch warns, naming those modules; patch first
-    (or start the program with ``fp16utils run``).
+    Imports ``mmcv.runner``, replaces mmcv's fp16 names in its modules and its
+    ``HOOKS`` registry, and wraps ``IterBasedRunner.resume`` so that the loss scale
+    survives it (the list: docs/how-to/mmcv-runner.md). Calling it again changes
+    only the defaults. Decorators bind at import: a module imported before the patch
+    keeps mmcv's, and the patch warns naming it; patch first (or use ``fp16utils run``).
 
     Args:
-        dtype: The default low-precision dtype of the hooks and of
-            ``wrap_fp16_model`` as installed (float16 or bfloat16); None:
-            fp16utils' default (float16). A config's own ``dtype`` wins.
-        backend: Their default backend (``'native'`` or ``'legacy'``); None:
-            the process default.
+        dtype: The default dtype of the hooks and ``wrap_fp16_model`` as installed
+            (None: float16); a config's own ``dtype`` wins.
+        backend: Their default backend, ``'native'`` or ``'legacy'`` (None: the
+            process default).
 
     Returns:
-        The names replaced, as ``'module.name'`` (registry entries as
-        ``"HOOKS['name']"``).
+        The names replaced, as ``'module.name'`` (registry entries as ``"HOOKS['name']"``).
 
     Raises:
         ImportError: mmcv is not importable, or has no ``mmcv.runner`` (mmcv 2.x).
@@ -297,7 +233,7 @@ def _install(runner: types.ModuleType) -> Dict[int, str]:
 
 
 def unpatch_mmcv() -> List[str]:
-    """Put back what :func:`patch_mmcv` replaced in mmcv; does nothing when nothing is patched.
+    """Put back what :func:`patch_mmcv` replaced in mmcv (nothing patched: nothing to do).
 
     Classes decorated while the patch was in place keep fp16utils' decorators.
 

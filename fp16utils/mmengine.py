@@ -1,27 +1,13 @@
 """The MMEngine plug-in: this package's optimizer wrappers inside MMEngine's own Runner.
 
 Importing it (in a config: ``custom_imports=dict(imports=['fp16utils.mmengine'])``)
-registers, under names of their own (``fp16utils._args.spec.PLUGIN_NAMES``):
-
-- in ``OPTIM_WRAPPERS``: ``Fp16utilsOptimWrapper``, ``Fp16utilsAmpOptimWrapper``
-  and ``Fp16utilsOptimWrapperDict``: this package's wrappers, also instances of
-  MMEngine's ``OptimWrapper`` (and ``OptimWrapperDict``), which is what the
-  Runner, its param schedulers and its checkpointing check for;
-- in ``OPTIM_WRAPPER_CONSTRUCTORS``: ``Fp16utilsOptimWrapperConstructor`` (the
-  ``paramwise_cfg`` options of MMEngine's default constructor; the legacy
-  backend gets the model it converts) and ``Fp16utilsMultiOptimWrapperConstructor``
-  (one wrapper per sub-model, ``paramwise_cfg`` per entry, as in MMagic).
-  Under these constructors, ``type='OptimWrapper'`` / ``'AmpOptimWrapper'``
-  (or no type) build this package's wrappers.
-
-MMEngine's own names are left alone. Skipped steps and resume warnings go to
-MMEngine's current logger (the run's log). The wrappers report to MMEngine's
-``MessageHub`` after each update, as MMEngine's do: ``train/grad_norm`` when
-clipping by norm, and ``train/loss_scale`` (the AMP wrapper), so the Runner's logs
-show the loss scale; inside ``Fp16utilsOptimWrapperDict`` the names carry the
-entry's (``train/generator.loss_scale``).
-
-mmengine is imported here only; ``import fp16utils`` never imports it.
+registers, under names of their own, ``Fp16utilsOptimWrapper``,
+``Fp16utilsAmpOptimWrapper`` and ``Fp16utilsOptimWrapperDict`` in ``OPTIM_WRAPPERS``
+(also instances of MMEngine's classes, as the Runner checks), and
+``Fp16utilsOptimWrapperConstructor`` and ``Fp16utilsMultiOptimWrapperConstructor``
+in ``OPTIM_WRAPPER_CONSTRUCTORS``. MMEngine's own names are left alone. Warnings go
+to the run's log; after each update the wrappers report ``train/grad_norm`` (when
+clipping by norm) and ``train/loss_scale`` to the ``MessageHub``, as MMEngine's do.
 
 Example:
     >>> import fp16utils.mmengine  # doctest: +SKIP
@@ -66,10 +52,7 @@ class _CurrentMMLogger:
 
 
 class _MMEngineSide:
-    """What MMEngine's code reads on a wrapper beyond the shared API, and the logging.
-
-    Skipped steps and resume warnings go to MMEngine's current logger (the run's log).
-    """
+    """What MMEngine's code reads on a wrapper beyond the shared API, and the logging."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -134,7 +117,7 @@ class Fp16utilsAmpOptimWrapper(_MMEngineSide, AmpOptimWrapper, _MMOptimWrapper):
     """:class:`fp16utils.AmpOptimWrapper`, also an ``mmengine.optim.OptimWrapper``.
 
     Unlike MMEngine's ``AmpOptimWrapper`` it runs on the CPU too, in float16 or
-    bfloat16, and logs ``train/loss_scale``.
+    bfloat16.
 
     Example:
         >>> import torch  # doctest: +SKIP
@@ -146,9 +129,9 @@ class Fp16utilsAmpOptimWrapper(_MMEngineSide, AmpOptimWrapper, _MMOptimWrapper):
 class Fp16utilsOptimWrapperDict(OptimWrapperDict, _MMOptimWrapperDict):
     """:class:`fp16utils.OptimWrapperDict`, also an ``mmengine.optim.OptimWrapperDict``.
 
-    Its entries may be MMEngine's own wrappers too. As in MMEngine,
-    ``initialize_count_status`` does nothing here: in MMEngine's Runner the
-    model's ``train_step`` drives each entry, possibly at different rates.
+    Its entries may be MMEngine's own wrappers too; each logs under its name
+    (``train/generator.loss_scale``). ``initialize_count_status`` does nothing, as in
+    MMEngine.
 
     Example:
         >>> import torch  # doctest: +SKIP
@@ -180,14 +163,21 @@ _OWN_WRAPPERS = {None: Fp16utilsOptimWrapper, 'OptimWrapper': Fp16utilsOptimWrap
 
 
 class Fp16utilsOptimWrapperConstructor:
-    """Build one wrapper: ``paramwise_cfg`` as MMEngine's default constructor applies it.
+    """Build one wrapper, applying ``paramwise_cfg`` as MMEngine's default constructor does.
+
+    Under it, ``type='OptimWrapper'`` / ``'AmpOptimWrapper'`` (or no type) build this
+    package's wrappers; the legacy backend gets the model it converts.
 
     Args:
         optim_wrapper_cfg: ``dict(type=..., optimizer=dict(type=..., lr=...), ...)``;
-            the optimizer type is looked up in MMEngine's ``OPTIMIZERS`` and the
-            wrapper type in ``OPTIM_WRAPPERS`` (``'OptimWrapper'``,
-            ``'AmpOptimWrapper'`` or none: this package's wrappers).
+            the optimizer type is looked up in MMEngine's ``OPTIMIZERS``, the
+            wrapper type in ``OPTIM_WRAPPERS``.
         paramwise_cfg: The options of MMEngine's ``DefaultOptimWrapperConstructor``.
+
+    Raises:
+        TypeError: ``optim_wrapper_cfg`` is not a dict, or ``paramwise_cfg`` holds a
+            value of the wrong type.
+        ValueError: It has no ``optimizer`` dict, or ``paramwise_cfg`` an unknown option.
 
     Example:
         >>> from torch import nn  # doctest: +SKIP
@@ -228,11 +218,15 @@ class Fp16utilsOptimWrapperConstructor:
 
 
 class Fp16utilsMultiOptimWrapperConstructor:
-    """One wrapper per sub-model (GANs), each with its own ``paramwise_cfg``.
+    """One wrapper per sub-model (GANs, as in MMagic), each with its own ``paramwise_cfg``.
 
     Args:
         optim_wrapper_cfg: ``{sub-model name: wrapper config}``.
         paramwise_cfg: Must be None: give it inside each entry.
+
+    Raises:
+        ValueError: A top-level ``paramwise_cfg``, an empty or non-dict config, or
+            (when called) a sub-model the model does not have.
 
     Example:
         >>> from torch import nn  # doctest: +SKIP

@@ -1,11 +1,4 @@
-"""Which low-precision dtype is native on a device, and what ``dtype='auto'`` picks.
-
-Example:
-    >>> import torch
-    >>> from fp16utils import precision_support
-    >>> precision_support('cpu')[torch.bfloat16] in ('native', 'emulated', 'unsupported')
-    True
-"""
+"""Which low-precision dtype is native on a device, and what ``dtype='auto'`` picks."""
 
 from __future__ import annotations
 
@@ -13,14 +6,12 @@ from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 import torch
 
-from ._torch import caps, probes
+from ._torch import caps, dtypes, probes
 
-__all__ = ['AUTO', 'auto_dtype', 'precision_summary', 'precision_support']
+__all__ = ['AUTO', 'auto_dtype', 'is_auto', 'precision_summary', 'precision_support']
 
 #: The ``dtype`` value that asks for the best dtype of the device.
 AUTO = 'auto'
-
-_LOW = (torch.float16, torch.bfloat16)
 
 
 def _parse_device(device: Union[str, torch.device, None], where: str
@@ -53,14 +44,12 @@ def precision_support(device: Union[str, torch.device, None] = None,
                       ) -> Dict[torch.dtype, str]:
     """Whether float16 and bfloat16 are native, emulated or unsupported on a device.
 
-    ``'native'``: the hardware computes in the dtype (tensor cores from
-    sm_70 for float16, sm_80 for bfloat16; AVX512-BF16/AMX-BF16 or
-    AVX512-FP16/AMX-FP16 CPUs; MPS). ``'emulated'``: torch has the kernels
-    but computes by converting (usually no faster than float32).
-    ``'unsupported'``: torch has no kernels there (or no such device is
-    present). A capability table decides first; where it cannot tell (ROCm,
-    other accelerators, an unreadable CPU), a short timed matrix product in
-    the dtype against float32 decides, once per process.
+    ``'native'``: the hardware computes in the dtype (tensor cores from sm_70 for
+    float16, sm_80 for bfloat16; AVX512/AMX BF16 or FP16 CPUs; MPS).
+    ``'emulated'``: torch has the kernels but converts (usually no faster than
+    float32). ``'unsupported'``: no kernels there, or no such device. A capability
+    table decides first; where it cannot tell, a short timed matrix product against
+    float32, once per process.
 
     Args:
         device: ``'cpu'``, ``'cuda'``, ``'cuda:1'``, a ``torch.device``, or None
@@ -72,15 +61,13 @@ def precision_support(device: Union[str, torch.device, None] = None,
         ``{torch.float16: level, torch.bfloat16: level}``.
 
     Raises:
-        ValueError: For a string that is not a torch device, the meta device
-            or a CUDA index that does not exist.
+        ValueError: For a string that is not a torch device, the meta device or a
+            CUDA index that does not exist.
         TypeError: For a device of another type.
 
     Example:
         >>> support = precision_support('cpu', probe=lambda *a: 'emulated')
         >>> list(support) == [torch.float16, torch.bfloat16]
-        True
-        >>> support[torch.bfloat16] in ('native', 'emulated', 'unsupported')
         True
     """
     return _levels(device, probe, 'precision_support')[2]
@@ -92,7 +79,7 @@ def _levels(device: Any, probe: Any, where: str
     if probe is not None and not callable(probe):
         raise TypeError(f'{where}: probe must be callable as probe(device_type, dtype, index), '
                         f'got {type(probe).__name__}.')
-    levels = {d: caps.precision_level(device_type, d, index, probe) for d in _LOW}
+    levels = {d: caps.precision_level(device_type, d, index, probe) for d in dtypes.LOW_PRECISION}
     bad = {d: v for d, v in levels.items() if v not in caps.LEVELS}
     if bad:
         raise ValueError(f'{where}: the probe answered {bad}; it must answer one of '
@@ -100,12 +87,16 @@ def _levels(device: Any, probe: Any, where: str
     return device_type, index, levels
 
 
+def is_auto(dtype: Any) -> bool:
+    """Whether ``dtype`` is :data:`AUTO` (any case), the choice :func:`auto_dtype` resolves."""
+    return isinstance(dtype, str) and dtype.lower() == AUTO
+
+
 def auto_dtype(device: Union[str, torch.device, None] = None, probe: Any = None
                ) -> Tuple[torch.dtype, Optional[str]]:
     """The dtype ``dtype='auto'`` trains in on a device, and why when it is float32.
 
-    bfloat16 where it is native, else float16 (with dynamic loss scaling)
-    where that is native, else float32.
+    bfloat16 where it is native, else float16 where that is native, else float32.
 
     Args:
         device: As for :func:`precision_support`.
@@ -113,11 +104,6 @@ def auto_dtype(device: Union[str, torch.device, None] = None, probe: Any = None
 
     Returns:
         ``(dtype, reason)``; ``reason`` is None unless the dtype is float32.
-
-    Example:
-        >>> dtype, why = auto_dtype('cpu', probe=lambda *a: 'native')
-        >>> dtype in (torch.bfloat16, torch.float16, torch.float32)
-        True
     """
     device_type, index, support = _levels(device, probe, "dtype='auto'")
     if support[torch.bfloat16] == 'native':
@@ -132,12 +118,7 @@ def auto_dtype(device: Union[str, torch.device, None] = None, probe: Any = None
 
 
 def precision_summary(device: Union[str, torch.device, None] = None) -> str:
-    """One line for ``fp16utils env`` and the demo: each dtype's level, and what 'auto' picks.
-
-    Example:
-        >>> precision_summary('cpu').startswith('float16 ')
-        True
-    """
+    """One line for ``fp16utils env`` and the demo: each dtype's level, and what 'auto' picks."""
     _, _, levels = _levels(device, None, 'precision_summary')
     text = ', '.join(f'{_name(d)} {level}' for d, level in levels.items())
     return f"{text} (dtype='auto' -> {_name(auto_dtype(device)[0])})"

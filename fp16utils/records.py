@@ -1,12 +1,4 @@
-"""The record of one tensor found non-finite (inf or nan), and the report of find_overflow.
-
-Example:
-    >>> import torch
-    >>> record = NonFiniteRecord(kind='param-grad', name='fc.weight', dtype=torch.float16,
-    ...                          shape=(2, 2), max_abs=None, num_inf=1, num_nan=0, numel=4)
-    >>> record.has_inf, record.to_dict()['dtype']
-    (True, 'float16')
-"""
+"""The record of one tensor found non-finite (inf or nan), and the report of ``find_overflow``."""
 
 from __future__ import annotations
 
@@ -25,12 +17,7 @@ _FP16_MAX = float(torch.finfo(torch.float16).max)
 
 
 def dtype_name(dtype: torch.dtype) -> str:
-    """``torch.float16`` -> ``'float16'``.
-
-    Example:
-        >>> dtype_name(torch.bfloat16)
-        'bfloat16'
-    """
+    """``torch.float16`` -> ``'float16'``."""
     return str(dtype).replace('torch.', '')
 
 
@@ -39,27 +26,24 @@ class NonFiniteRecord:
     """One tensor that held inf or nan.
 
     Attributes:
-        kind: ``'forward-output'`` (a module's output in the forward pass),
-            ``'backward-grad'`` (the gradient with respect to a module's
-            output), ``'param-grad'`` (a parameter's ``.grad`` after the
-            block), ``'grad'`` or ``'value'`` (from :func:`nonfinite_summary`).
+        kind: ``'forward-output'`` (a module's output), ``'backward-grad'`` (the
+            gradient with respect to a module's output), ``'param-grad'`` (a
+            parameter's ``.grad`` after the block), ``'grad'`` or ``'value'`` (from
+            :func:`nonfinite_summary`).
         name: Qualified module or parameter name (``'<root>'`` for the model).
         dtype: The tensor's dtype.
         shape: The tensor's shape.
-        max_abs: Largest magnitude among its finite entries; None when no
-            entry was finite. Close to 65504 in float16 points at an overflow.
+        max_abs: Largest magnitude among its finite entries (None: none was
+            finite); close to 65504 in float16 points at an overflow.
         num_inf: How many entries were +inf or -inf.
         num_nan: How many entries were nan.
         numel: How many entries the tensor had.
-        path: Where the tensor sat inside the module's output: ``''`` for the
-            output itself, ``'[0]'``, ``"['logits']"``, ``'.field'``.
+        path: Where the tensor sat inside the module's output: ``''``, ``'[0]'``,
+            ``"['logits']"``, ``'.field'``.
         module_type: Class name of the module (empty for parameters).
-        call: For module records, which call of that module in the block it
-            was (1 for the first); 0 otherwise.
-        inputs_finite: For forward records, whether every floating-point
-            input of that call was finite (False means the values were bad
-            before this module ran; an in-place module sees its own output
-            as its input); None when not checked.
+        call: For module records, which call of that module in the block (from 1).
+        inputs_finite: For forward records, whether every floating-point input of
+            that call was finite (False: the values were bad before it ran).
 
     Example:
         >>> from fp16utils import nonfinite_summary
@@ -106,14 +90,7 @@ class NonFiniteRecord:
         return f'{self.name}{self.path}'
 
     def to_dict(self) -> Dict[str, Any]:
-        """A JSON-serialisable dict (dtype as its name, e.g. ``'float16'``).
-
-        Example:
-            >>> from fp16utils import nonfinite_summary
-            >>> rec = nonfinite_summary([torch.tensor([1.0, float('inf')])])[0]
-            >>> rec.to_dict()['dtype'], rec.to_dict()['num_inf']
-            ('float32', 1)
-        """
+        """A JSON-serialisable dict (dtype as its name, e.g. ``'float16'``)."""
         out = dataclasses.asdict(self)
         out['dtype'] = dtype_name(self.dtype)
         out['shape'] = list(self.shape)
@@ -126,20 +103,17 @@ class OverflowReport:
     """What :func:`fp16utils.find_overflow` saw; filled in while its block runs.
 
     Attributes:
-        forward: The first module output that was non-finite, in execution
-            order (None if none was).
-        backward: The first gradient with respect to a module output that was
-            non-finite, in backward order (None if none was).
-        parameters: Parameters whose ``.grad`` was non-finite when the block
-            ended, in ``named_parameters`` order.
+        forward: The first non-finite module output, in execution order (or None).
+        backward: The first non-finite gradient with respect to a module output,
+            in backward order (or None).
+        parameters: Parameters whose ``.grad`` was non-finite when the block ended.
         checked_outputs: How many module calls had their outputs checked.
         checked_grads: How many output gradients were checked in backward.
         checked_params: How many parameter gradients were checked on exit.
         nonfinite_outputs: How many module calls produced a non-finite output.
         nonfinite_grads: How many output gradients were non-finite.
-        unwatched: Names of the TorchScript submodules, which take no hooks:
-            their outputs and output gradients were not checked (their
-            parameters' gradients were).
+        unwatched: The TorchScript submodules (they take no hooks): their outputs
+            and output gradients were not checked.
 
     Example:
         >>> report = OverflowReport()
@@ -166,12 +140,7 @@ class OverflowReport:
 
     @property
     def first_module(self) -> Optional[str]:
-        """Name of the first module whose output (else output gradient) went bad.
-
-        The forward pass wins: when some module output was non-finite, this is
-        that module; otherwise the first module whose output gradient was
-        non-finite in backward; None when neither happened.
-        """
+        """The first module whose output (else output gradient) went bad, or None."""
         if self.forward is not None:
             return self.forward.name
         if self.backward is not None:
@@ -185,12 +154,7 @@ class OverflowReport:
             self.parameters)
 
     def to_dict(self) -> Dict[str, Any]:
-        """A JSON-serialisable summary.
-
-        Example:
-            >>> sorted(OverflowReport().to_dict())[:3]
-            ['backward', 'checked_grads', 'checked_outputs']
-        """
+        """A JSON-serialisable summary."""
         return {
             'ok': self.ok,
             'first_module': self.first_module,
@@ -208,14 +172,8 @@ class OverflowReport:
     def suggest(self) -> Optional[str]:
         """The ``fp32_modules`` entry that would have kept the first bad module in float32.
 
-        The qualified name of :attr:`first_module`, ready for
-        ``AmpOptimWrapper(..., fp32_modules=[...])``, ``wrap_fp16_model(...,
-        fp32_modules=[...])`` or ``keep_fp32(model, [...])``; ``'*'`` when it is
-        the model itself; None when the report is clean.
-
-        Example:
-            >>> OverflowReport().suggest() is None
-            True
+        Returns:
+            Its qualified name (``'*'`` for the model itself), or None when clean.
         """
         first = self.first_module
         if first is None:

@@ -1,16 +1,4 @@
-"""``LossScaler``: mmcv's loss scaler, with a fused, single-sync overflow check.
-
-Example:
-    >>> import torch
-    >>> from fp16utils import LossScaler
-    >>> scaler = LossScaler(init_scale=8., scale_window=2)
-    >>> p = torch.nn.Parameter(torch.ones(2))
-    >>> p.grad = torch.tensor([16., float('inf')])
-    >>> overflow = scaler.unscale_([p])
-    >>> scaler.update_scale(overflow)
-    >>> overflow, scaler.loss_scale
-    (True, 4.0)
-"""
+"""``LossScaler``, mmcv's loss scaler, and the fused single-sync overflow check it uses."""
 
 from __future__ import annotations
 
@@ -22,6 +10,7 @@ import torch
 from ._args.numbers import as_whole, check_window
 from ._args.spec import (
     MIN_LOSS_SCALE,
+    MMCV_INIT_SCALE,
     MMCV_STATE_KEYS,
     check_scale,
     check_scaler_state,
@@ -45,12 +34,7 @@ _no_whole_list: set[tuple[Any, int]] = set()
 
 
 def _flag_tensors(device: Any, factor: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """A zeroed ``found_inf`` and an ``inv_scale`` holding ``factor`` on ``device``.
-
-    The pair is made once per thread and device and reused (zeroed, refilled
-    only when ``factor`` changes); it never leaves this module. Under a
-    dispatch mode (fake or meta tracing) fresh tensors are made every time.
-    """
+    """A zeroed ``found_inf`` and an ``inv_scale`` of ``factor``, reused per thread and device."""
     if state.dispatch_mode_active():
         return (torch.zeros(1, dtype=_F32, device=device),
                 torch.full((1,), factor, dtype=_F32, device=device))
@@ -78,27 +62,18 @@ def non_finite_check_(tensors: list[torch.Tensor], inv_scale: Optional[float] = 
                       ) -> bool:
     """Check tensors for inf/nan, multiplying them by ``inv_scale`` in the same pass.
 
-    Uses torch's fused ``_amp_foreach_non_finite_check_and_unscale_`` kernel,
-    one launch per (device, dtype) group (on the CPU, where that kernel walks
-    the tensors one by one anyway, a pure check is one call over all of them);
-    a per-tensor check where torch lacks the kernel. Synchronises with the
-    device once, whatever the number of tensors.
+    One fused kernel launch per (device, dtype) group and one device sync in all.
 
     Args:
-        tensors: Dense floating-point tensors (gradients), changed in place
-            when ``inv_scale`` is given.
+        tensors: Dense floating-point tensors (gradients), changed in place when
+            ``inv_scale`` is given.
         inv_scale: Factor to multiply by; None only checks.
-        reduce: Applied to the found flag (a float tensor) before it is read,
-            in the same sync: e.g. an all-reduce so that ranks agree. With
-            it, an empty ``tensors`` still calls it (on a CPU zero flag).
+        reduce: Applied to the found flag before it is read, in the same sync (an
+            all-reduce, so that ranks agree); called on a CPU zero flag when
+            ``tensors`` is empty.
 
     Returns:
         True when any tensor holds an inf or a nan.
-
-    Example:
-        >>> import torch
-        >>> non_finite_check_([torch.ones(2), torch.tensor([float('nan')])])
-        True
     """
     if reduce is None:
         return _check(tensors, inv_scale, False)
@@ -118,7 +93,7 @@ def _check(tensors: list[torch.Tensor], inv_scale: Optional[float], sparse: bool
     if not tensors:
         return False
     fused = ops.fused_non_finite_check()
-    if inv_scale is None and fused is not None and tensors[0].is_cpu:
+    if inv_scale is None and tensors[0].is_cpu:
         # The common case, a pure check of CPU tensors: one call, no grouping.
         # Whatever the kernel refuses (a sparse or non-CPU tensor, a dtype it
         # lacks) it refuses before its one pass or, multiplying by exactly 1,
@@ -148,7 +123,7 @@ def _grouped_check_(tensors: list[torch.Tensor], fused: Any, factor: float,
         if device not in found:
             found[device], scales[device] = _flag_tensors(device, factor)
         key = (fused, device.type, dtype)
-        if fused is not None and key not in _no_fused_kernel:
+        if key not in _no_fused_kernel:
             try:
                 fused(group, found[device], scales[device])
                 continue
@@ -176,33 +151,36 @@ def _non_finite_check_slow_(tensors: list[torch.Tensor], found: torch.Tensor,
 class LossScaler:
     """Loss scaler for float16 training, compatible with mmcv's.
 
-    In ``'dynamic'`` mode the scale is divided by ``scale_factor`` (never
-    below 1, and never raised: a scale already below 1 stays) after an
-    overflow, and multiplied by it after every ``scale_window`` clean
-    iterations since the last overflow, up to :data:`~fp16utils._args.spec.MAX_LOSS_SCALE`
-    (2**127, the largest power of two a float32 holds). In ``'static'``
-    mode the scale never changes; an overflow is still detected, so a
+    In ``'dynamic'`` mode an overflow divides the scale by ``scale_factor`` (never
+    below 1, never raising a scale already below 1), and every ``scale_window``
+    clean iterations since the last overflow multiply it, up to 2**127. In
+    ``'static'`` mode the scale never changes; an overflow is still found, so a
     non-finite gradient is never applied.
 
     Args:
-        init_scale: Initial scale, a number in (0, 2**127].
+        init_scale: Initial scale, a number in (0, 2**127]; mmcv's default, 2**32.
         mode: ``'dynamic'`` or ``'static'``.
-        scale_factor: Factor of growth and backoff (>= 1 in ``'dynamic'``
-            mode; 1 keeps the scale where it is while overflows are still
-            found and skipped, as with mmcv's).
-        scale_window: Clean iterations between growths: a whole number >= 1
-            (``2.0`` is taken as ``2``, as mmcv takes it; a window with a
-            fraction, which mmcv would silently stretch, ``2.5`` to every 5
-            iterations, is a ValueError).
+        scale_factor: Factor of growth and backoff (>= 1 in ``'dynamic'`` mode;
+            1 keeps the scale while overflows are still skipped, as mmcv's does).
+        scale_window: Clean iterations between growths, a whole number >= 1
+            (``2.0`` is taken as ``2``, as mmcv takes it).
+
+    Raises:
+        ValueError: An unknown mode, or a scale, factor or window out of range (a
+            window with a fraction too: mmcv would stretch ``2.5`` to every 5).
 
     Example:
-        >>> scaler = LossScaler(init_scale=512., mode='static')
-        >>> scaler.update_scale(True)
-        >>> scaler.loss_scale
-        512.0
+        >>> import torch
+        >>> scaler = LossScaler(init_scale=8., scale_window=2)
+        >>> p = torch.nn.Parameter(torch.ones(2))
+        >>> p.grad = torch.tensor([16., float('inf')])
+        >>> overflow = scaler.unscale_([p])
+        >>> scaler.update_scale(overflow)
+        >>> overflow, scaler.loss_scale
+        (True, 4.0)
     """
 
-    def __init__(self, init_scale: float = 2**32, mode: str = 'dynamic',
+    def __init__(self, init_scale: float = MMCV_INIT_SCALE, mode: str = 'dynamic',
                  scale_factor: float = 2., scale_window: int = 1000) -> None:
         if mode not in ('dynamic', 'static'):
             raise ValueError(
@@ -227,32 +205,17 @@ class LossScaler:
         return self.cur_scale
 
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
-        """Return ``loss * loss_scale``.
-
-        Example:
-            >>> import torch
-            >>> LossScaler(init_scale=4.).scale(torch.tensor(2.)).item()
-            8.0
-        """
+        """Return ``loss * loss_scale``."""
         return loss * self.cur_scale
 
     def has_overflow(self, params: Iterable[Any]) -> bool:
-        """Tell whether any gradient of ``params`` holds an inf or a nan.
-
-        One fused pass and one device synchronisation in total.
+        """Tell whether any gradient of ``params`` holds an inf or a nan (one device sync).
 
         Args:
-            params: Parameters (their ``.grad`` is checked; None grads skipped).
+            params: Parameters; their ``.grad`` is checked (None grads skipped).
 
         Returns:
             True on overflow.
-
-        Example:
-            >>> import torch
-            >>> p = torch.nn.Parameter(torch.ones(1))
-            >>> p.grad = torch.ones(1)
-            >>> LossScaler().has_overflow([p])
-            False
         """
         return _check([g for p in params if (g := p.grad) is not None], None, True)
 
@@ -264,29 +227,13 @@ class LossScaler:
 
         Returns:
             True on overflow (the gradients are then meaningless: skip the step).
-
-        Example:
-            >>> import torch
-            >>> p = torch.nn.Parameter(torch.ones(1))
-            >>> p.grad = torch.full((1,), 8.)
-            >>> LossScaler(init_scale=8.).unscale_([p]), p.grad.item()
-            (False, 1.0)
         """
         return _check([g for p in params if (g := p.grad) is not None],
                       1.0 / self.cur_scale, True)
 
     @staticmethod
     def _has_inf_or_nan(x: torch.Tensor) -> bool:
-        """Whether ``x`` holds an inf or a nan (mmcv's helper; one fused check, one sync).
-
-        A static method, so both ``LossScaler._has_inf_or_nan(t)`` (as mmcv
-        calls it) and ``scaler._has_inf_or_nan(t)`` work.
-
-        Example:
-            >>> import torch
-            >>> LossScaler._has_inf_or_nan(torch.tensor([1., float('nan')]))
-            True
-        """
+        """Whether ``x`` holds an inf or a nan (mmcv's static helper)."""
         return _check([x.detach()], None, True)
 
     def update_scale(self, overflow: bool) -> None:
@@ -294,11 +241,6 @@ class LossScaler:
 
         Args:
             overflow: Whether this iteration overflowed.
-
-        Example:
-            >>> s = LossScaler(init_scale=4., scale_window=1)
-            >>> s.update_scale(False); s.loss_scale
-            8.0
         """
         if self.mode != 'dynamic':
             return
@@ -314,27 +256,16 @@ class LossScaler:
     _advance = update_scale
 
     def state_dict(self) -> dict[str, Any]:
-        """The scaler state, with exactly mmcv's keys.
-
-        Example:
-            >>> sorted(LossScaler().state_dict())
-            ['cur_iter', 'cur_scale', 'last_overflow_iter', 'mode', 'scale_factor', 'scale_window']
-        """
+        """The scaler state, with exactly mmcv's keys."""
         return {key: getattr(self, key) for key in MMCV_STATE_KEYS}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Restore a state written by :meth:`state_dict` (or by mmcv).
 
         Raises:
-            KeyError: When a key is missing.
-            ValueError: An unknown key, or a value of the wrong type or range
-                (a non-finite scale, ``scale_window`` < 1, ...); the message
-                names the key and the value. Nothing is changed on an error.
-
-        Example:
-            >>> a, b = LossScaler(init_scale=8.), LossScaler()
-            >>> b.load_state_dict(a.state_dict()); b.loss_scale
-            8.0
+            KeyError: A key is missing.
+            ValueError: An unknown key, or a value of the wrong type or range; the
+                message names the key and the value. Nothing is changed on an error.
         """
         missing = [k for k in MMCV_STATE_KEYS if k not in state_dict]
         if missing:

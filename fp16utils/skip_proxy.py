@@ -1,23 +1,5 @@
-"""Skip-aware followers: LR schedulers and EMA models that advance only on steps really taken.
-
-With loss scaling (or ``nonfinite='warn'``) some optimizer steps are skipped:
-the parameters do not change. A scheduler stepped every iteration, or an EMA
-model updated every iteration, does not know that and drifts from a run that
-never had those batches. :func:`skip_aware` wraps either in a forwarding
-proxy that advances it only when the optimizer wrapper (or 0.x hook) took an
-optimizer step since the proxy last advanced.
-
-Example:
-    >>> import torch
-    >>> from fp16utils import OptimWrapper, skip_aware
-    >>> p = torch.nn.Parameter(torch.ones(1))
-    >>> wrapper = OptimWrapper(torch.optim.SGD([p], lr=1.0))
-    >>> sched = skip_aware(torch.optim.lr_scheduler.StepLR(wrapper.optimizer, 1, 0.5), wrapper)
-    >>> sched.step()  # no optimizer step yet: the scheduler stays
-    >>> wrapper.update_params(p.sum()).stepped
-    True
-    >>> sched.step(); sched.last_epoch, sched.get_last_lr()
-    (1, [0.5])
+"""Skip-aware followers: LR schedulers and EMA models that advance only on optimizer steps
+really taken (a skipped step changes no parameter).
 """
 
 from __future__ import annotations
@@ -40,16 +22,9 @@ def _steps_taken(source: Any) -> int:
 class SkipAware:
     """A forwarding proxy that lets ``step()`` / ``update_parameters()`` through after real steps.
 
-    Everything else (attributes, ``state_dict``/``load_state_dict``,
-    ``get_last_lr``, calling an ``AveragedModel``) goes to the wrapped object
-    unchanged, so its ``state_dict()`` is the plain object's. Made by
-    :func:`skip_aware`; the wrapped object is :attr:`__wrapped__`.
-
-    The proxy holds a weak reference to the optimizer wrapper: it does not
-    keep the wrapper alive, and advancing it once the wrapper is gone is a
-    ReferenceError. Pickled or deep-copied together with the wrapper, the
-    copies stay linked; a proxy copied alone keeps forwarding everything but
-    refuses to advance (its wrapper copy is gone).
+    Everything else goes to the wrapped object (:attr:`__wrapped__`), so its
+    ``state_dict()`` is the plain object's. It holds the optimizer wrapper weakly;
+    copied or pickled without it, it forwards everything but refuses to advance.
     """
 
     __slots__ = _OWN + ('__weakref__',)
@@ -149,17 +124,15 @@ def _rebuild(obj: Any, source: Any, mark: int) -> SkipAware:
 def skip_aware(obj: Any, optim_wrapper: Any) -> Any:
     """Make an LR scheduler or EMA model advance only on optimizer steps really taken.
 
-    Each ``step()`` (schedulers) or ``update_parameters(model)`` (EMA models)
-    call on the returned proxy reaches ``obj`` only when ``optim_wrapper``
-    took at least one optimizer step since the proxy last advanced (or was
-    made); a call after skipped or accumulating iterations only does nothing.
-    The count of steps taken lives on the wrapper (``steps_taken``), on the
-    host: following costs no device sync.
+    Each ``step()`` (schedulers) or ``update_parameters(model)`` (EMA models) on the
+    returned proxy reaches ``obj`` only when ``optim_wrapper`` took at least one
+    optimizer step since the proxy last advanced; otherwise it does nothing. The
+    count lives on the wrapper (``steps_taken``), on the host: no device sync.
 
     Args:
-        obj: Anything with ``step()`` (``torch.optim.lr_scheduler.*``,
-            MMEngine param schedulers) or ``update_parameters()``
-            (``torch.optim.swa_utils.AveragedModel``, MMEngine EMA models).
+        obj: Anything with ``step()`` (``torch.optim.lr_scheduler.*``, MMEngine
+            param schedulers) or ``update_parameters()`` (``AveragedModel``,
+            MMEngine EMA models).
         optim_wrapper: An :class:`~fp16utils.OptimWrapper` or
             :class:`~fp16utils.AmpOptimWrapper` (also an
             :class:`~fp16utils.OptimWrapperDict` entry), or a 0.x hook
@@ -169,19 +142,21 @@ def skip_aware(obj: Any, optim_wrapper: Any) -> Any:
         A :class:`SkipAware` proxy: use it in place of ``obj``.
 
     Raises:
-        TypeError: ``obj`` has neither method, or ``optim_wrapper`` does not
-            count its steps (a dict, a plain optimizer, another library's wrapper).
+        TypeError: ``obj`` has neither method, or ``optim_wrapper`` does not count
+            its steps (a dict, a plain optimizer, another library's wrapper).
         ValueError: ``obj`` is already skip-aware, or is the wrapper itself.
 
     Example:
         >>> import torch
-        >>> from torch.optim.swa_utils import AveragedModel
         >>> from fp16utils import OptimWrapper
-        >>> model = torch.nn.Linear(1, 1)
-        >>> wrapper = OptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1))
-        >>> ema = skip_aware(AveragedModel(model), wrapper)
-        >>> ema.update_parameters(model); int(ema.n_averaged)  # no step taken yet
-        0
+        >>> p = torch.nn.Parameter(torch.ones(1))
+        >>> wrapper = OptimWrapper(torch.optim.SGD([p], lr=1.0))
+        >>> sched = skip_aware(torch.optim.lr_scheduler.StepLR(wrapper.optimizer, 1, 0.5), wrapper)
+        >>> sched.step()  # no optimizer step yet: the scheduler stays
+        >>> wrapper.update_params(p.sum()).stepped
+        True
+        >>> sched.step(); sched.last_epoch, sched.get_last_lr()
+        (1, [0.5])
     """
     if isinstance(obj, SkipAware):
         raise ValueError('skip_aware(): this object is already skip-aware; wrap the plain '

@@ -1,14 +1,4 @@
-"""Turn a float32 model into a mixed-precision one.
-
-Example:
-    >>> import torch
-    >>> from torch import nn
-    >>> from fp16utils import wrap_fp16_model
-    >>> model = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))
-    >>> model = wrap_fp16_model(model, dtype=torch.bfloat16, backend='legacy')
-    >>> model[0].weight.dtype, model[1].weight.dtype
-    (torch.bfloat16, torch.float32)
-"""
+"""Turn a float32 model into a mixed-precision one: flags, half weights, float32 norms."""
 
 from __future__ import annotations
 
@@ -26,13 +16,7 @@ __all__ = ['patch_forward_method', 'patch_norm_fp32', 'wrap_fp16_model']
 
 
 class _PatchedForward:
-    """A forward that casts its arguments, and optionally its output back.
-
-    It is a plain picklable object rather than a closure, and it keeps the
-    module it belongs to as an ordinary attribute, so ``copy.deepcopy`` of the
-    module gives a copy whose forward runs the copy's parameters, and
-    ``pickle``/``torch.save`` of the whole model work.
-    """
+    """A forward that casts its arguments (and output); picklable, deep-copied with its module."""
 
     def __init__(self, func: Callable[..., Any], src_type: torch.dtype,
                  dst_type: torch.dtype, convert_output: bool) -> None:
@@ -67,7 +51,7 @@ class _PatchedForward:
 def patch_forward_method(func: Callable[..., Any], src_type: torch.dtype,
                          dst_type: torch.dtype,
                          convert_output: bool = True) -> Callable[..., Any]:
-    """Wrap a forward so its ``src_type`` inputs become ``dst_type``.
+    """Wrap a forward so that its ``src_type`` inputs become ``dst_type``.
 
     Args:
         func: The original forward (usually a bound ``module.forward``).
@@ -76,12 +60,10 @@ def patch_forward_method(func: Callable[..., Any], src_type: torch.dtype,
         convert_output: Convert ``dst_type`` outputs back to ``src_type``.
 
     Returns:
-        The patched forward; it survives ``copy.deepcopy`` and pickling of
-        its module.
+        The patched forward (it survives ``copy.deepcopy`` and pickling).
 
     Raises:
-        TypeError: ``func`` is not callable, or a dtype is not a floating-point
-            torch dtype.
+        TypeError: ``func`` is not callable, or a dtype not a float dtype.
 
     Example:
         >>> import torch
@@ -103,11 +85,10 @@ def patch_forward_method(func: Callable[..., Any], src_type: torch.dtype,
 
 def patch_norm_fp32(module: nn.Module, dtype: Union[torch.dtype, str] = torch.float16
                     ) -> nn.Module:
-    """Put normalization layers back in float32 inside a low-precision model.
+    """Put the BatchNorm and GroupNorm layers of a low-precision model back in float32.
 
-    Every BatchNorm (any ``_BatchNorm``) and GroupNorm below ``module`` gets
-    float32 parameters and buffers; GroupNorm's forward also converts ``dtype``
-    inputs to float32 and its output back. Applying it twice is harmless.
+    GroupNorm's forward also converts ``dtype`` inputs to float32 and its
+    output back. Applying it twice is harmless.
 
     Args:
         module: The (half) model.
@@ -117,8 +98,7 @@ def patch_norm_fp32(module: nn.Module, dtype: Union[torch.dtype, str] = torch.fl
         ``module`` itself.
 
     Raises:
-        TypeError: ``module`` is not a module, or holds TorchScript modules
-            (their norms cannot be converted); nothing is changed.
+        TypeError: ``module`` is not a module, or holds TorchScript norms.
 
     Example:
         >>> import torch
@@ -146,7 +126,7 @@ def _norm_names() -> set:
 
 
 def _refuse_scripted(model: nn.Module, what: str) -> None:
-    """A scripted norm cannot go back to float32 nor take a patched forward: refuse."""
+    """Refuse a model with a scripted norm (it can neither go float32 nor take a forward)."""
     norms = _norm_names()
     scripted = next((name or '<root>' for name, m in model.named_modules()
                      if isinstance(m, torch.jit.ScriptModule)
@@ -160,6 +140,7 @@ def _refuse_scripted(model: nn.Module, what: str) -> None:
 
 
 def _patch_norms(module: nn.Module, low: torch.dtype) -> None:
+    """:func:`patch_norm_fp32` without its checks."""
     if isinstance(module, (_BatchNorm, nn.GroupNorm)):
         module.float()
         if isinstance(module, nn.GroupNorm):
@@ -177,34 +158,28 @@ def wrap_fp16_model(model: nn.Module, dtype: Union[torch.dtype, str, None] = Non
                     fp32_modules: Fp32Modules = None) -> nn.Module:
     """Prepare a float32 model for mixed-precision training.
 
-    Native backend: sets ``fp16_enabled = True`` on every submodule that has
-    the attribute, so their ``@auto_fp16``/``@force_fp32`` methods switch on.
-    Legacy backend: converts the model to ``dtype``, puts the normalization
-    layers back in float32 (:func:`patch_norm_fp32`), then sets the flags.
+    Sets ``fp16_enabled = True`` on every submodule that has the attribute;
+    the legacy backend first converts the model to ``dtype`` and its norms
+    back to float32 (:func:`patch_norm_fp32`).
 
     Args:
         model: A float32 model.
-        dtype: float16 (default) or bfloat16. It is recorded as ``fp16_dtype``
-            on the flagged modules for the decorators (a module that already
-            has an ``fp16_dtype`` keeps it unless ``dtype`` is given).
-        backend: ``'native'``, ``'legacy'`` or None for the default (which is
-            ``'legacy'`` where torch.autocast cannot run ``dtype``, or the model's
-            GroupNorm/LayerNorm in it, on the model's device but the kernels
-            exist: see ``fp16utils._torch.backend_for``).
-        fp32_modules: Modules to run in float32 (:func:`fp16utils.keep_fp32`:
-            name patterns, classes, class names). On the legacy backend their
-            weights stay float32 too and their outputs go back to ``dtype``.
+        dtype: float16 (default) or bfloat16, recorded as ``fp16_dtype`` on
+            the flagged modules (one that has an ``fp16_dtype`` keeps it unless
+            ``dtype`` is given).
+        backend: ``'native'``, ``'legacy'`` or None: native, unless autocast
+            cannot run ``dtype`` (or the model's norms in it) on the model's
+            device.
+        fp32_modules: Modules to run in float32 (see :func:`keep_fp32`).
 
     Returns:
-        ``model`` itself (modified in place).
+        ``model`` itself, modified in place.
 
     Raises:
-        ValueError: When torch has no ``dtype`` kernels on the model's device
-            (the message names the dtype that works), ``backend='native'``
-            cannot run ``dtype`` there, or an ``fp32_modules`` entry matches
-            no module (nothing is changed then).
-        TypeError: ``model`` is not a module, or the legacy backend is asked
-            to convert a model holding TorchScript modules. Nothing is changed.
+        ValueError: torch cannot run ``dtype`` (on ``backend``) on the model's
+            device, or an ``fp32_modules`` entry matches no module.
+        TypeError: ``model`` is not a module, or the legacy backend meets
+            TorchScript norms.
 
     Example:
         >>> import torch

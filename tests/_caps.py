@@ -31,8 +31,8 @@ def cpu_lacks(dtype: torch.dtype, backend: Optional[str] = None,
     if backend == 'native':
         if not _torch.autocast.autocast_supports('cpu', dtype):
             return f'torch.autocast does not support {name} on cpu here'
-        if scaled and _torch.dtypes.needs_loss_scaling(dtype) and not _torch.caps.grad_scaler_supports(
-                'cpu'):
+        if (scaled and _torch.dtypes.needs_loss_scaling(dtype)
+                and not _torch.caps.grad_scaler_supports('cpu')):
             return 'torch has no GradScaler for cpu here (torch.amp.GradScaler(device))'
     return None
 

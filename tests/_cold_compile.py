@@ -224,7 +224,8 @@ def _lacks(needs: str) -> Optional[str]:
 
     for need in needs.split():
         kind, _, name = need.partition('-')
-        if kind == 'autocast' and not _torch.autocast.autocast_supports('cpu', getattr(torch, name)):
+        dtype = getattr(torch, name, None)
+        if kind == 'autocast' and not _torch.autocast.autocast_supports('cpu', dtype):
             return f'torch.autocast does not support {name} on cpu here'
         if kind == 'grad' and not _torch.caps.grad_scaler_supports('cpu'):
             return 'torch has no GradScaler for cpu here'

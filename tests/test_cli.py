@@ -20,8 +20,8 @@ import pytest
 import torch
 from torch import nn
 
-from fp16utils.tools import cli
 from fp16utils.optim import AmpOptimWrapper, OptimWrapperDict, build_optim_wrapper
+from fp16utils.tools import cli
 
 FIXTURES = Path(__file__).parent / 'fixtures' / 'legacy_codebase'
 
@@ -125,6 +125,13 @@ def test_env_reports_forced_legacy_backend_and_why():
     assert proc.returncode == 0
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith('backend'))
     assert 'legacy' in line and 'FP16UTILS_BACKEND=legacy' in line
+
+
+def test_demo_picks_a_device_that_is_present():
+    from fp16utils.tools import env
+
+    present = [kind for kind, _ in env.devices()]
+    assert present[0] == 'cpu' and env.best_device() in present
 
 
 # ---------------------------------------------------------------- migrate
@@ -398,7 +405,8 @@ def test_bench_refuses_a_helper_module_by_name():
 def test_bench_says_in_one_line_when_torch_cannot_measure(monkeypatch):
     # What a torch without float16 CPU kernels (1.13) answers: exit 2, one line, no table.
     from fp16utils import _torch
-    monkeypatch.setattr(_torch.caps, 'kernels_support', lambda device, dtype: dtype != torch.float16)
+    monkeypatch.setattr(_torch.caps, 'kernels_support',
+                        lambda device, dtype: dtype != torch.float16)
     proc = call('bench', 'decorators', '--quick')
     assert proc.returncode == 2 and proc.stdout == ''
     assert proc.stderr.splitlines() == [

@@ -1082,3 +1082,116 @@ def test_autocast_available_says_meta_has_no_autocast():
     before = autocast_state('cpu')
     with autocast_for('meta', torch.float16):  # a context that changes nothing
         assert autocast_state('cpu') == before
+
+
+# ------------------------------------------------- settings read when the flag is set by hand
+
+
+class ByHand(nn.Module):
+    """A module whose flag is set by hand (no wrap_fp16_model): the class decides the rest."""
+
+    @auto_fp16()
+    def forward(self, x):
+        return x, autocast_now()
+
+
+def _by_hand(**attrs):
+    m = ByHand()
+    m.fp16_enabled = True
+    for name, value in attrs.items():
+        setattr(m, name, value)
+    return m
+
+
+def test_by_hand_flag_follows_instance_attributes_set_after_the_first_call():
+    m = _by_hand()
+    assert m(f32())[0].dtype == F16  # the class says nothing: float16
+    m.fp16_dtype = BF16
+    assert m(f32())[1] == (True, BF16)
+    m._fp16_autocast = False
+    out, state = m(f32())
+    assert out.dtype == BF16 and state[0] is False
+    m._fp16_autocast = None  # None on the instance: the default backend again
+    assert m(f32())[1] == (True, BF16)
+    del m.fp16_dtype
+    assert m(f32())[0].dtype == F16
+
+
+def test_by_hand_flag_follows_the_default_backend_after_refresh(force_backend):
+    m = _by_hand(fp16_dtype=BF16)
+    assert m(f32())[1] == (True, BF16)
+    force_backend('legacy')
+    out, state = m(f32())
+    assert out.dtype == BF16 and state[0] is False
+    force_backend('native')
+    assert m(f32())[1] == (True, BF16)
+
+
+def test_by_hand_flag_reads_each_class_and_its_properties():
+    class Bf16(ByHand):
+        fp16_dtype = BF16
+
+    class Legacy(ByHand):
+        _fp16_autocast = False
+
+    class Chosen(ByHand):
+        choice = BF16
+
+        @property
+        def fp16_dtype(self):
+            return self.choice
+
+    a, b, c = ByHand(), Bf16(), Legacy()
+    for m in (a, b, c):
+        m.fp16_enabled = True
+    # One decorated function, three classes: each class's own settings.
+    assert [m(f32())[0].dtype for m in (a, b, c, a, b)] == [F16, BF16, F16, F16, BF16]
+    assert c(f32())[1][0] is False and b(f32())[1] == (True, BF16)
+    d = Chosen()
+    d.fp16_enabled = True
+    assert d(f32())[0].dtype == BF16
+    d.choice = 'float16'  # a property is read on every call, names resolved
+    assert d(f32())[0].dtype == F16
+
+
+def test_flag_as_mmcv_reads_it_class_instance_property_or_missing():
+    class NoFlag(nn.Module):
+        @auto_fp16()
+        def forward(self, x):
+            return x
+
+    class ClassFlag(NoFlag):
+        fp16_enabled = True
+
+    x = f32()
+    assert NoFlag()(x) is x
+    assert ClassFlag()(x).dtype == F16
+    off = ClassFlag()
+    off.fp16_enabled = False  # the instance wins
+    assert off(x) is x
+
+
+def test_private_helpers_that_keep_fp32_shares():
+    from fp16utils.decorators import fp32_plan, run_fp32, undecorated
+
+    def f(self, x, y=None):
+        return x, y, autocast_now()
+
+    plan = fp32_plan(f)
+    assert plan.all_args
+    with torch.autocast('cpu', dtype=BF16):
+        x, y, state = run_fp32(plan, f, (None, torch.ones(1, dtype=BF16)),
+                               {'y': torch.ones(1, dtype=F16)})
+    assert (x.dtype, y.dtype, state[0]) == (F32, F32, False)
+    assert undecorated(auto_fp16()(force_fp32()(f))) is f
+    other = contextlib.contextmanager(f)  # another decorator stays
+    assert undecorated(auto_fp16()(other)) is other
+
+
+def test_cast_plan_casts_only_the_named_arguments():
+    from fp16utils._cast_plan import CastPlan
+
+    plan = CastPlan(lambda self, x, y, *rest, k=None: x, ('x', 'rest', 'k'), 'auto_fp16')
+    one = torch.ones(1)
+    args, kwargs = plan.cast((None, one, one, one), {'k': one}, (F32,), F16, [])
+    assert [a.dtype for a in args[1:]] == [F16, F32, F16] and kwargs['k'].dtype == F16

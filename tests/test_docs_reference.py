@@ -128,7 +128,7 @@ def test_the_site_shows_a_sentinel_default_as_help_does():
     ext = _griffe_extension()
     source = Path(amp.__file__).read_text()
     assert ext.sentinel_repr(source, '_UNSET') == repr(amp._UNSET)
-    assert ext.sentinel_repr(source, '_LOW_PRECISION') is None  # not a sentinel object
+    assert ext.sentinel_repr(source, '_Tensor') is None  # a name, not a sentinel object
     assert ext.sentinel_repr(source, '_NO_SUCH_NAME') is None
 
 

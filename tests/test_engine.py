@@ -1,4 +1,5 @@
-"""The step engine: accumulation arithmetic, one source of truth for the scale, resume order."""
+"""The step engine: accumulation arithmetic, one source of truth for the scale, resume order,
+the step state, and the checks of saved state."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import importlib.util
 import io
 import logging
 import pickle
+import re
 from pathlib import Path
 
 import _caps  # tests/ is on sys.path: see conftest.py
@@ -14,9 +16,24 @@ import pytest
 import torch
 from torch import nn
 
-from fp16utils import AmpOptimWrapper, Fp16OptimizerHook, _torch
-from fp16utils._args.spec import TORCH_DYNAMIC
-from fp16utils.engine import AccumulationWindow, NativeEngine, ResumeState, StepEngine
+from fp16utils import AmpOptimWrapper, Fp16OptimizerHook, LossScaler, _torch
+from fp16utils._args.spec import MMCV_DYNAMIC, TORCH_DYNAMIC
+from fp16utils.engine import (
+    AccumulationWindow,
+    LegacyEngine,
+    NativeEngine,
+    ResumeState,
+    StepDriver,
+    StepEngine,
+    StepState,
+    check_optimizer_state,
+    check_resume,
+    check_tensors,
+    optimizer_device_type,
+    ranks,
+    resume_state_from_meta,
+    snapshot_optimizer,
+)
 
 _spec = importlib.util.spec_from_file_location('_runner', Path(__file__).with_name('_runner.py'))
 R = importlib.util.module_from_spec(_spec)
@@ -187,3 +204,156 @@ def test_the_base_engine_neither_scales_nor_skips():
     engine.backward((p * torch.tensor([1.0, float('inf')])).sum())
     assert engine.step(optimizer, 1, {}) is False  # 'ignore': applied as plain torch
     assert torch.isinf(p).any() and engine.loss_scale == 1.0 and engine.state_dict() == {}
+
+
+# ------------------------------------------------------------------ the step state
+
+
+class _Boom(Exception):
+    pass
+
+
+def _one_param_step(engine, optimizer_step=None):
+    p = nn.Parameter(torch.ones(2))
+    optimizer = torch.optim.SGD([p], lr=1.0)
+    if optimizer_step is not None:
+        optimizer.step = optimizer_step(optimizer.step)
+    engine.backward(p.sum())
+    return p, optimizer
+
+
+def test_a_step_moves_the_state_and_returns_it_to_ready():
+    engine = StepEngine(clip=('norm', {'max_norm': 10.0}))
+    seen = []
+
+    def watch(step):
+        def wrapped(**kwargs):
+            seen.append(engine.state)
+            step(**kwargs)
+        return wrapped
+
+    p, optimizer = _one_param_step(engine, watch)
+    assert engine.state is StepState.READY
+    assert engine.step(optimizer, 1, {}) is False
+    assert seen == [StepState.UNSCALED]  # clipped in place before the optimizer ran
+    assert engine.state is StepState.READY and p.tolist() == [0.0, 0.0]
+
+
+def _legacy_step_that_raises_after_the_update(monkeypatch, clip=None):
+    """A legacy engine whose LossScaler update (after the masters stepped) raises."""
+    p = nn.Parameter(torch.ones(2))
+    optimizer = torch.optim.SGD([p], lr=1.0)
+    engine = LegacyEngine(optimizer, MMCV_DYNAMIC._replace(init_scale=4.0), torch.float16,
+                          'test', clip=clip)
+
+    def update_scale(self, overflow):
+        raise _Boom
+
+    monkeypatch.setattr(LossScaler, 'update_scale', update_scale)
+    engine.backward(p.sum())
+    return p, optimizer, engine
+
+
+def test_a_step_that_raises_says_how_far_it_got(monkeypatch):
+    p, optimizer, engine = _legacy_step_that_raises_after_the_update(monkeypatch)
+    with pytest.raises(_Boom):
+        engine.step(optimizer, 1, {})
+    assert engine.state is StepState.STEPPED and engine.state.applied
+    assert p.tolist() == [0.0, 0.0]  # completed: the masters reached the model
+
+    def before(step):
+        def wrapped(**kwargs):
+            raise _Boom
+        return wrapped
+
+    untouched = StepEngine()
+    _, optimizer = _one_param_step(untouched, before)
+    with pytest.raises(_Boom):
+        untouched.step(optimizer, 1, {})
+    assert untouched.state is StepState.READY  # nothing changed: the step may be retried
+
+
+def test_only_the_moves_of_a_step_are_allowed():
+    engine = StepEngine()
+    engine.move(StepState.APPLIED)
+    with pytest.raises(RuntimeError, match='APPLIED cannot move to UNSCALED'):
+        engine.move(StepState.UNSCALED)
+    engine.move(StepState.SPENT)  # any state may become spent, or ready again
+    engine.move(StepState.READY)
+    assert engine.state is StepState.READY
+
+
+def test_the_driver_spends_gradients_a_raising_step_changed_and_records_an_applied_one(
+        monkeypatch):
+    p, optimizer, engine = _legacy_step_that_raises_after_the_update(
+        monkeypatch, clip=('norm', {'max_norm': 10.0}))
+    driver = StepDriver('test', AccumulationWindow(2, 'test', 'counts'), engine)
+    with pytest.raises(_Boom):
+        driver.step(optimizer, 1, {})
+    assert driver.steps_taken == 1 and driver.last_result.stepped
+    assert round(driver.last_result.grad_norm, 4) == 1.4142  # this step's clipping
+    assert engine.state is StepState.SPENT
+    assert driver.pending_window(optimizer, 1, copy=True) is None
+    with pytest.raises(RuntimeError, match=r'test\.step\(\): the last iteration raised'):
+        driver.step(optimizer, 2, {})
+    driver.grads_cleared()
+    assert engine.state is StepState.READY
+
+
+# ------------------------------------------------------------------ checks and small helpers
+
+
+def test_saved_state_checks_name_what_does_not_fit():
+    p = nn.Parameter(torch.ones(2))
+    with pytest.raises(ValueError, match=re.escape(
+            'example: the saved pending gradients [0] is torch.float32 (3,) on cpu, expected a '
+            'floating-point tensor of shape (2,) with data; load a state saved from the same '
+            'model and optimizer.')):
+        check_resume(ResumeState(pending=[torch.ones(3)]), [p], 'example', False)
+    assert check_tensors([None], [p], 'pending gradients', 'example', True) == [None]
+    optimizer = torch.optim.SGD([p], lr=0.1)
+    check_optimizer_state(optimizer, optimizer.state_dict(), 'example')
+    with pytest.raises(ValueError, match='example: the saved optimizer state has 0 param '
+                                         'groups, this optimizer 1; load a state saved'):
+        check_optimizer_state(optimizer, {'state': {}, 'param_groups': []}, 'example')
+    undo = snapshot_optimizer(optimizer)
+    optimizer.param_groups = []
+    undo()
+    assert len(optimizer.param_groups) == 1
+
+
+def test_meta_without_fp16_state_resumes_nothing_and_no_optimizer_means_cpu():
+    assert resume_state_from_meta(None, 0, 'hook') == ({}, ResumeState())
+    assert optimizer_device_type(None) == 'cpu'
+
+
+def test_a_bfloat16_native_engine_does_not_scale():
+    engine = NativeEngine(TORCH_DYNAMIC, torch.bfloat16, lambda: 'cpu')
+    assert (engine.enabled, engine.loss_scale, engine.backend) == (False, 1.0, 'native')
+
+
+def test_the_legacy_engine_gives_masters_to_an_added_param_group():
+    optimizer = torch.optim.SGD(nn.Linear(2, 1).parameters(), lr=0.1)
+    engine = LegacyEngine(optimizer, MMCV_DYNAMIC, torch.float16, 'example')
+    extra = nn.Parameter(torch.ones(3))
+    optimizer.add_param_group({'params': [extra]})
+    engine.adopt_added_groups(optimizer)
+    assert len(engine.masters) == 3 and optimizer.param_groups[1]['params'][0] is not extra
+
+
+def test_a_window_splits_off_its_shorter_last_part():
+    window = AccumulationWindow(4, 'hook', 'cumulative_iters')
+    window.start(10)
+    assert (window.divisible, window.remainder) == (8, 2)
+
+
+def test_the_rank_flag_carries_a_veto_and_is_written_back_in_place():
+    assert ranks.check_setting(False, 'example') is False
+    with pytest.raises(TypeError, match='agree_across_ranks must be None'):
+        ranks.check_setting('yes', 'example')
+    reduce, seen = ranks.with_veto(lambda f: f, veto=True)
+    assert reduce(torch.zeros(1)).item() >= ranks.VETO and len(seen) == 1
+    flags = {'cpu': torch.tensor([0.0])}
+    assert ranks.agree_found(flags, 'cpu', lambda f: f + 1)['cpu'].tolist() == [1.0]
+    empty = ranks.agree_found({}, 'cpu', lambda f: f + 1)  # a rank with no gradient joins
+    assert [v.tolist() for v in empty.values()] == [[1.0]]

@@ -18,7 +18,7 @@ from torch import nn
 
 import fp16utils
 from fp16utils import Fp16OptimizerHook, GradientCumulativeFp16OptimizerHook, LossScaler
-from fp16utils.hooks import optimizer as hooks_mod
+from fp16utils.hooks import allreduce as allreduce_mod
 
 BACKENDS = ['native', 'legacy']
 
@@ -210,7 +210,7 @@ def test_legacy_hook_averages_master_gradients_when_distributed(
         reduced.append(tensor.numel())
         tensor.mul_(2)
 
-    monkeypatch.setattr(hooks_mod, '_world_size', lambda: 2)
+    monkeypatch.setattr(allreduce_mod, 'world_size', lambda: 2)
     monkeypatch.setattr(dist, 'all_reduce', fake_all_reduce)
     data = R.make_data(2)
     results = []
@@ -231,21 +231,21 @@ def test_legacy_hook_averages_master_gradients_when_distributed(
 
 def test_allreduce_grads_reduces_the_same_buffers_on_every_rank(monkeypatch):
     seen = []
-    monkeypatch.setattr(hooks_mod, '_world_size', lambda: 4)
+    monkeypatch.setattr(allreduce_mod, 'world_size', lambda: 4)
     # As if the other 3 ranks had no gradient for any parameter: the sum is this rank's.
     monkeypatch.setattr(dist, 'all_reduce', lambda t, *a, **k: seen.append(t.clone()))
     a, b, c = (nn.Parameter(torch.ones(2)) for _ in range(3))
     a.grad = torch.full((2,), 8.0)
     c.requires_grad_(False)
     c.grad = torch.ones(2)
-    hooks_mod._allreduce_grads([a, b, c], coalesce=False)
+    allreduce_mod.allreduce_grads([a, b, c], coalesce=False)
     # a's gradient, zeros standing in for b's, and the flags [a has one, b has none]
     assert [t.tolist() for t in seen] == [[2.0, 2.0], [0.0, 0.0], [1.0, 0.0]]
     assert a.grad.tolist() == [2.0, 2.0]
     assert b.grad is None  # no rank had one
     assert c.grad.tolist() == [1.0, 1.0]  # not reduced: it does not require a gradient
     seen.clear()
-    hooks_mod._allreduce_grads([a, b], coalesce=True)
+    allreduce_mod.allreduce_grads([a, b], coalesce=True)
     assert len(seen) == 1  # one bucket: both gradients and the flags
     assert seen[0].tolist() == [2.0, 2.0, 0.0, 0.0, 1.0, 0.0]
     assert b.grad is None
@@ -255,7 +255,7 @@ def test_allreduce_grads_is_a_no_op_without_a_process_group():
     p = nn.Parameter(torch.ones(3))
     p.grad = torch.full((3,), 5.0)
     assert not dist.is_initialized()
-    hooks_mod._allreduce_grads([p], coalesce=True, bucket_size_mb=1)
+    allreduce_mod.allreduce_grads([p], coalesce=True, bucket_size_mb=1)
     assert p.grad.tolist() == [5.0, 5.0, 5.0]
 
 
@@ -266,10 +266,10 @@ def _gloo_worker(rank, world_size, init_file, out_dir):
         ps = [nn.Parameter(torch.zeros(3)), nn.Parameter(torch.zeros(2, 2))]
         for p in ps:
             p.grad = torch.full_like(p, float(rank + 1))
-        hooks_mod._allreduce_grads(ps, coalesce=True)
+        allreduce_mod.allreduce_grads(ps, coalesce=True)
         q = nn.Parameter(torch.zeros(2))
         q.grad = torch.full((2,), float(rank * 4))
-        hooks_mod._allreduce_grads([q], coalesce=False)
+        allreduce_mod.allreduce_grads([q], coalesce=False)
         result = [p.grad.flatten().tolist() for p in ps] + [q.grad.tolist()]
         out = os.path.join(out_dir, f'rank{rank}.pt')
         torch.save(result, out + '.tmp')
@@ -469,3 +469,36 @@ def test_a_misspelt_hook_argument_is_one_type_error_naming_the_closest(cls, extr
     assert isinstance(info.value, TypeError) and '\n' not in text
     assert f"{cls.__name__} got the unknown key 'loss_scal' (did you mean 'loss_scale'?)" in text
     assert 'grad_clip' in text and extra in text
+
+
+def test_the_backend_is_decided_once_in_before_run_and_read_from_the_engine():
+    hook = Fp16OptimizerHook(loss_scale='dynamic', backend='legacy', dtype=_caps.LEGACY_LOW)
+    assert hook.backend == 'legacy' and hook._scale_update_param is None
+    assert hook.loss_scale == (2.0**32 if _caps.LEGACY_LOW == torch.float16 else 1.0)
+    runner = make_runner(hook, 1)
+    runner.run(R.make_data(1), R.mse)
+    assert hook.backend == hook._engine.backend == 'legacy'
+    assert hook.loss_scale == hook._engine.loss_scale
+    assert set(vars(hook)) & {'backend', '_spec', '_loss_scale_arg', '_backend_arg'} == set()
+
+
+class _Lines:
+    def __init__(self):
+        self.lines = []
+
+    def warning(self, msg, *args):
+        self.lines.append(msg % args if args else msg)
+
+
+def test_the_engine_logs_to_the_logger_of_the_current_run():
+    _caps.require(torch.float16, 'native')
+    hook = Fp16OptimizerHook(loss_scale='dynamic', backend='native')
+    first, second = _Lines(), _Lines()
+    runner = make_runner(hook, 2)
+    runner.logger = first
+    runner.run(R.make_data(2), R.mse, until=1)
+    runner.logger, runner.meta = second, {}
+    hook.before_run(runner)  # the same optimizer: the engine is kept, the logger followed
+    assert first.lines == [] and len(second.lines) == 1
+    assert 'runner.meta holds no loss-scaler state' in second.lines[0]
+    assert allreduce_mod.world_size() == 1  # no process group

@@ -16,7 +16,7 @@ import torch
 from fp16utils import AmpOptimWrapper, Fp16OptimizerHook, _torch
 from fp16utils._args.spec import MAX_LOSS_SCALE, TORCH_DYNAMIC
 from fp16utils._torch import state as _state
-from fp16utils.engine.host_scale import HostScale
+from fp16utils.engine.native import HostScale
 
 _spec = importlib.util.spec_from_file_location('_runner', Path(__file__).with_name('_runner.py'))
 R = importlib.util.module_from_spec(_spec)

@@ -432,3 +432,14 @@ def test_the_fp16utils_logger_is_quiet_when_nothing_needs_saying(caplog):
         with wrapper.optim_context(model):
             model(x4())
     assert caplog.records == []
+
+
+def test_match_modules_names_each_match_once_in_model_order():
+    from fp16utils.fp32_modules import check_fp32_modules, match_modules
+
+    model = nn.Sequential(nn.Linear(2, 2), nn.LayerNorm(2), nn.Sequential(nn.LayerNorm(2)))
+    assert match_modules(model, ['LayerNorm', '0', nn.LayerNorm]) == ['0', '1', '2.0']
+    assert match_modules(model, '*') == ['', '0', '1', '2', '2.0']  # '': the model itself
+    assert match_modules(model, None) == []
+    assert check_fp32_modules('head.*') == ['head.*']
+    assert check_fp32_modules((nn.ReLU, 'x')) == [nn.ReLU, 'x']

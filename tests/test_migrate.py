@@ -1227,7 +1227,7 @@ def test_a_loss_scale_the_wrappers_would_refuse_is_reported_by_the_conversion(lo
 
 
 def test_loss_scale_translation_lives_in_its_module():
-    from fp16utils.migrate import _converter, _loss_scale
+    from fp16utils.migrate import _config_converter, _loss_scale
 
     problems = []
     assert _loss_scale.convert_loss_scale(
@@ -1235,7 +1235,7 @@ def test_loss_scale_translation_lives_in_its_module():
         'fp16.loss_scale', problems) == dict(init_scale=256, growth_factor=4.,
                                              backoff_factor=0.25, growth_interval=100)
     assert problems == []
-    assert _converter.convert_loss_scale is _loss_scale.convert_loss_scale
+    assert _config_converter.convert_loss_scale is _loss_scale.convert_loss_scale
     assert _loss_scale.MMCV_DEFAULT_LOSS_SCALE == 512.0
     new = convert_clean(dict(optimizer=dict(type='SGD', lr=0.1),
                              optimizer_config=dict(type='Fp16OptimizerHook')))
@@ -1301,3 +1301,49 @@ def test_fp16_hook_args_list_is_the_hooks_signature():
 
     params = inspect.signature(Fp16OptimizerHook).parameters
     assert set(FP16_HOOK_ARGS) == {n for n, p in params.items() if p.kind != p.VAR_KEYWORD}
+
+
+# ======================================================================================
+# the private helpers: the conversion pass, source files, file names in messages
+# ======================================================================================
+
+
+def test_the_conversion_pass_keeps_what_it_cannot_convert_and_lists_it():
+    from fp16utils.migrate._config_converter import ConfigConverter
+
+    converter = ConfigConverter(dict(optimizer=dict(type='SGD', lr=0.1),
+                                     fp16=dict(loss_scale='huge')))
+    new = converter.run()
+    assert new['optim_wrapper']['loss_scale'] == 'huge'
+    assert len(converter.problems) == 1 and converter.problems[0].startswith('fp16.loss_scale')
+    converter = ConfigConverter(dict(optimizer=dict(type='SGD', lr=0.1), fp16=None))
+    assert converter.run() == {'optim_wrapper': {'type': 'OptimWrapper', 'optimizer': {
+        'type': 'SGD', 'lr': 0.1}}}
+    assert converter.problems == []
+
+
+def test_source_files_name_modules_and_map_ast_columns_to_characters(tmp_path):
+    from fp16utils.migrate import _source_files as sf
+
+    assert (sf.is_mm_module('mmdet.core'), sf.is_mm_module('torch.nn'),
+            sf.is_mm_module(None)) == (True, False, False)
+    assert (sf.is_fp16_module('mmcv.runner.fp16_utils'),
+            sf.is_fp16_module('mmcv.runner')) == (True, False)
+    assert sf.alias_text(ast.parse('from m import a as b').body[0].names[0]) == 'a as b'
+    assert sf.os_reason(PermissionError(13, 'Permission denied', 'x.py')) == 'Permission denied'
+    f = tmp_path / 'm.py'
+    f.write_bytes('s = "é"; x = 1\r\n'.encode())
+    src = sf.Source(str(f))
+    assert (src.encoding, src.lines, src.char_col(1, 12)) == ('utf-8', ['s = "é"; x = 1\r\n'], 11)
+    f.write_text('def f(:\n')
+    src, tree, why = sf.load_source(str(f))
+    assert tree is None and why.line == 1 and why.message.startswith('cannot parse the file')
+    assert why.kind == 'syntax-error'
+    assert sf.unreadable('cannot read the file: Permission denied').kind == 'unreadable'
+
+
+def test_a_file_name_the_terminal_cannot_show_is_quoted_for_the_shell():
+    from fp16utils.migrate.errors import shown_path
+
+    assert shown_path('cfg.py') == 'cfg.py'
+    assert shown_path(b'caf\xe9.py') == "$'caf\\xe9.py'"

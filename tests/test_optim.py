@@ -278,8 +278,9 @@ def test_lr_momentum_and_state_dict_round_trip():
 # ------------------------------------------------------------------------ AmpOptimWrapper
 
 
-@pytest.mark.parametrize('dtype', [d for d in (torch.float16, torch.bfloat16, 'float16', 'bfloat16')
-                                   if fp16utils._torch.dtypes.resolve_dtype(d) in _caps.NATIVE_DTYPES])
+@pytest.mark.parametrize('dtype', [
+    d for d in (torch.float16, torch.bfloat16, 'float16', 'bfloat16')
+    if fp16utils._torch.dtypes.resolve_dtype(d) in _caps.NATIVE_DTYPES])
 def test_optim_context_autocasts_the_whole_forward_on_cpu(dtype):
     model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
     wrapper = AmpOptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1), dtype=dtype,
@@ -1022,7 +1023,7 @@ def test_default_loss_scale_is_dynamic_and_still_told_from_a_given_one():
                         loss_scale=512.)
 
 
-def test_import_paths_after_the_split():
+def test_import_paths_of_the_optim_modules():
     from fp16utils.optim import amp as amp_mod
     from fp16utils.optim import builder, contexts
     from fp16utils.optim.amp import AmpOptimWrapper as FromAmp
@@ -1031,12 +1032,12 @@ def test_import_paths_after_the_split():
     assert FromAmp is AmpOptimWrapper is optim_mod.AmpOptimWrapper
     assert deferred_model_conversion is builder.deferred_model_conversion
     assert resolve_cast_dtype('bfloat16') == torch.bfloat16
-    assert {'Both', 'CastIO', 'Guarded'} <= set(contexts.__all__)
+    assert {'CastIO', 'Guarded', 'TwoContexts'} <= set(contexts.__all__)
     with pytest.raises(AttributeError, match='no attribute'):
         amp_mod.no_such_name  # noqa: B018 - the module's __getattr__ answers only one name
 
 
-def test_deferred_conversion_through_the_old_path_waits_for_the_caller():
+def test_deferred_conversion_waits_for_the_caller():
     from fp16utils.optim.amp import deferred_model_conversion
 
     _caps.require(torch.float16)
@@ -1048,3 +1049,71 @@ def test_deferred_conversion_through_the_old_path_waits_for_the_caller():
     assert model.weight.dtype == torch.float32  # nothing runs them but the caller
     conversions[0]()
     assert model.weight.dtype == torch.float16
+
+
+def test_cast_dtype_names_come_from_the_dtype_table_and_auto_from_precision():
+    from fp16utils.optim.amp import resolve_cast_dtype
+
+    assert resolve_cast_dtype(None) == torch.float16
+    assert resolve_cast_dtype('float64') == resolve_cast_dtype(torch.float64) == torch.float64
+    assert resolve_cast_dtype('torch.float32') == torch.float32
+    assert resolve_cast_dtype('BF16') == torch.bfloat16
+    for bad in ('fp32', 'int8', torch.int8, 'auto'):  # 'auto' needs a device: the wrapper's
+        with pytest.raises(ValueError, match="Unsupported dtype .*'auto' for the best native"):
+            resolve_cast_dtype(bad)
+    model = nn.Linear(2, 1)
+    with pytest.raises(ValueError, match="Unsupported dtype 'fp32'"):
+        build_optim_wrapper(model, dict(type='AmpOptimWrapper', dtype='fp32',
+                                        optimizer=dict(type='SGD', lr=0.1)))
+    built = build_optim_wrapper(model, dict(type='AmpOptimWrapper', dtype='Auto',
+                                            optimizer=dict(type='SGD', lr=0.1)))
+    assert built.dtype == fp16utils.precision.auto_dtype('cpu')[0]
+
+
+def test_two_contexts_enter_in_order_and_exit_in_reverse():
+    from fp16utils.optim.contexts import TwoContexts
+
+    events = []
+
+    @contextlib.contextmanager
+    def ctx(name, fail_enter=False):
+        events.append(f'enter {name}')
+        if fail_enter:
+            raise KeyError(name)
+        try:
+            yield
+        finally:
+            events.append(f'exit {name}')
+
+    with TwoContexts(ctx('outer'), ctx('inner')):
+        events.append('body')
+    assert events == ['enter outer', 'enter inner', 'body', 'exit inner', 'exit outer']
+    events.clear()
+    with pytest.raises(KeyError, match='inner'):  # inner fails to enter: outer is exited
+        with TwoContexts(ctx('outer'), ctx('inner', fail_enter=True)):
+            events.append('body')
+    assert events == ['enter outer', 'enter inner', 'exit outer']
+    seen = []
+
+    class Outer:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            seen.append(exc[0])
+
+    with TwoContexts(Outer(), contextlib.suppress(KeyError)):
+        raise KeyError('suppressed by the inner context')
+    assert seen == [None]  # what inner suppresses, outer does not see
+
+
+def test_cast_io_casts_inputs_and_outputs_only_while_open():
+    from fp16utils.optim.contexts import CastIO
+
+    model = nn.Linear(2, 2).to(torch.bfloat16)
+    with CastIO(model, torch.bfloat16):
+        out = model(torch.ones(1, 2))
+        assert len(model._forward_hooks) == 1
+    assert out.dtype == torch.float32 and len(model._forward_hooks) == 0
+    with pytest.raises(RuntimeError):  # closed: a float32 input meets bfloat16 weights
+        model(torch.ones(1, 2))

@@ -230,29 +230,27 @@ def test_submodules_stay_reachable_as_attributes_and_unknown_names_fail():
 # ----------------------------------------------------------------- layering
 
 #: The layers of the package, lowest first. A module may import from a lower layer and
-#: from inside itself (every module of a package such as ``optim/`` or ``migrate/``
-#: counts as that package), never from its own layer or a higher one. Not on disk yet
-#: is fine (engine, _spec, the integrations); on disk but not here fails the test.
+#: from inside its own package (``optim/``, ``engine/``, ...), never from its own layer or a
+#: higher one; inside a package, :func:`cycles` keeps the imports acyclic. A module or
+#: package on disk but not here fails the test.
 LAYERS: list[set[str]] = [
-    {'_limits', '_whole', '_weak', '_keys'},
-    {'_torch', '_spec'},
+    {'_args'},
+    {'_torch'},
     {'precision'},
     {'cast'},
     {'_cast_plan'},
     {'decorators'},
-    {'keep'},
+    {'fp32_modules'},
     {'wrap'},
     {'scaler', 'records'},
     {'debug'},
     {'engine'},
-    {'optim', 'runner_hook'},
-    {'hook_api'},
+    {'optim'},
     {'hooks'},
-    {'followers'},
+    {'skip_proxy'},
     {'mmcv', 'mmengine'},
     {'migrate'},
-    {'demo', '_script', '_cli_help'},
-    {'cli'},
+    {'tools'},
     {'__main__'},
 ]
 RANK = {name: i for i, layer in enumerate(LAYERS) for name in layer}
@@ -297,28 +295,74 @@ def is_stdlib(module: str) -> bool:
     return top in sys.stdlib_module_names or top == '__future__'
 
 
-#: Modules below ``_spec`` that import the standard library only, as ``_spec`` does:
-#: ``_spec`` may import them and stay importable without torch.
-STDLIB_HELPERS = {'_limits', '_whole', '_keys'}
-
-
 def stdlib_only(name: str, path: Path, allowed: frozenset = frozenset()) -> bool:
-    return all(is_stdlib(module) or module in allowed for _, module, _ in imports_of(name, path))
+    return all(is_stdlib(module) or module in allowed or module.startswith(
+        tuple(f'{a}.' for a in allowed)) for _, module, _ in imports_of(name, path))
 
 
 def stdlib_shared(top: str, modules: dict[str, Path]) -> set[str]:
-    """The bottom modules that migrate may import: those that need the standard library only.
+    """``{'_args'}`` when every module of the argument rules imports the standard library
+    and the rules only (so ``migrate`` may use them without torch), else nothing."""
+    rules = {n: p for n, p in modules.items() if n == f'{top}._args'
+             or n.startswith(f'{top}._args.')}
+    if rules and all(stdlib_only(n, p, frozenset({f'{top}._args'})) for n, p in rules.items()):
+        return {'_args'}
+    return set()
 
-    Each of :data:`STDLIB_HELPERS` that imports the standard library only; ``_spec``
-    when it imports that and those helpers.
+
+def module_graph(package: Path) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (lazy imports included).
+
+    ``from .x import y`` is an edge to ``x``, or to ``x.y`` where that is a module;
+    ``from . import y`` to the submodule ``y``, or to the package ``__init__``. The top
+    ``__init__`` only re-exports (lazily): its own imports are not edges.
     """
-    shared = {h for h in STDLIB_HELPERS if f'{top}.{h}' in modules
-              and stdlib_only(f'{top}.{h}', modules[f'{top}.{h}'])}
-    spec = modules.get(f'{top}._spec')
-    if spec is not None and stdlib_only(f'{top}._spec', spec,
-                                        frozenset(f'{top}.{h}' for h in shared)):
-        shared.add('_spec')
-    return shared
+    modules = package_modules(package)
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        if name == package.name:
+            graph[name] = set()
+            continue
+        edges = set()
+        for _, module, imported in imports_of(name, path):
+            if f'{module}.{imported}' in modules:
+                edges.add(f'{module}.{imported}')
+            elif module in modules:
+                edges.add(module)
+        graph[name] = edges - {name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every import cycle of ``graph`` once, as the list of its modules (Tarjan's SCCs)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
 
 
 def layering_errors(package: Path) -> list[str]:
@@ -353,11 +397,11 @@ def layering_errors(package: Path) -> list[str]:
             else:
                 target_layer = module.split('.')[1]
             if target_layer == layer:
-                continue
+                continue  # inside a package: cycles() checks these
             if target_layer not in RANK:
                 errors.append(f'{at}: module {target_layer!r} has no layer: give it a rank')
-            elif target_layer == 'cli' and layer != '__main__':
-                errors.append(f'{at}: nothing imports cli (only __main__ runs it)')
+            elif target_layer == 'tools' and layer != '__main__':
+                errors.append(f'{at}: nothing imports tools (only __main__ runs the command)')
             elif layer == 'migrate' and target_layer not in migrate_may_import:
                 errors.append(f'{at}: migrate imports the standard library and itself only')
             elif RANK[target_layer] >= RANK[layer]:
@@ -366,19 +410,47 @@ def layering_errors(package: Path) -> list[str]:
 
 
 def test_modules_import_only_downward():
-    """_torch/_spec <- precision <- cast <- _cast_plan <- decorators <- keep <- wrap <- scaler
-    <- debug <- engine <- optim <- hooks <- followers <- mmcv/mmengine <- migrate <- demo <- cli
-    <- __main__."""
+    """_args <- _torch <- precision <- cast <- _cast_plan <- decorators <- fp32_modules <- wrap
+    <- scaler/records <- debug <- engine <- optim <- hooks <- skip_proxy <- mmcv/mmengine
+    <- migrate <- tools <- __main__."""
     errors = layering_errors(ROOT / 'fp16utils')
     assert not errors, '\n'.join(errors)
+
+
+def test_no_import_cycle_inside_or_across_packages():
+    assert cycles(module_graph(ROOT / 'fp16utils')) == []
+
+
+def test_no_module_hides_an_import_behind_a_module_getattr():
+    """A module-level ``__getattr__`` outside a package ``__init__`` hides an import cycle."""
+    found = [str(p.relative_to(ROOT)) for p in ROOT.joinpath('fp16utils').rglob('*.py')
+             if p.name != '__init__.py' and any(
+                 isinstance(n, ast.FunctionDef) and n.name == '__getattr__'
+                 for n in ast.parse(p.read_text()).body)]
+    assert found == []
+
+
+@pytest.mark.parametrize('files, cycle', [
+    ({'optim/__init__.py': '', 'optim/amp.py': 'def f():\n    from .builder import g',
+      'optim/builder.py': 'from .amp import A'},
+     ['fp16utils.optim.amp', 'fp16utils.optim.builder']),
+    ({'engine/__init__.py': 'from .driver import D', 'engine/driver.py': 'from ..engine import X'},
+     ['fp16utils.engine', 'fp16utils.engine.driver']),
+    ({'engine/__init__.py': '', 'engine/a.py': 'from . import b', 'engine/b.py': 'from . import c',
+      'engine/c.py': 'import fp16utils.engine.a'},
+     ['fp16utils.engine.a', 'fp16utils.engine.b', 'fp16utils.engine.c']),
+])
+def test_cycle_check_sees_inside_a_package(tmp_path, files, cycle):
+    package = make_package(tmp_path, {'__init__.py': '', **files})
+    assert cycles(module_graph(package)) == [cycle]
 
 
 def test_training_styles_use_no_private_name_of_a_lower_module():
     """The wrappers and the hooks are thin users of the engine's public API.
 
-    They may take module objects (``from .. import _torch``) and the names of the
-    shared ``_spec`` module, but no ``_private`` name from any module outside
-    their own package.
+    They may take module objects (``from .._torch import versions``) and the names of the
+    argument rules (``_args``), but no ``_private`` name from any module outside their
+    own package.
     """
     package = ROOT / 'fp16utils'
     errors = []
@@ -390,7 +462,7 @@ def test_training_styles_use_no_private_name_of_a_lower_module():
             parts = module.split('.')
             if parts[0] != 'fp16utils' or len(parts) < 2 or parts[1] == layer:
                 continue
-            if imported.startswith('_') and parts[1] != '_spec':
+            if imported.startswith('_') and parts[1] != '_args':
                 errors.append(f'{path.relative_to(ROOT)}:{line}: {module}.{imported}')
     assert not errors, '\n'.join(errors)
 
@@ -408,39 +480,52 @@ def make_package(root: Path, files: dict[str, str]) -> Path:
     ({'cast.py': 'def f():\n    from .scaler import y'}, 'cast.py:2: fp16utils.scaler (y)'),
     ({'cast.py': 'from . import hooks'}, 'cast.py:1: fp16utils (hooks): imports upward'),
     ({'decorators.py': 'from .wrap import z'}, 'decorators.py:1: fp16utils.wrap (z): imports up'),
-    ({'optim/__init__.py': '', 'optim/step.py': 'from ..hooks import H'},
+    ({'optim/__init__.py': '', 'optim/step.py': 'from ..hooks.optimizer import H'},
      'optim/step.py:1: fp16utils.hooks.optimizer (H): imports up'),
-    ({'migrate/__init__.py': '', 'migrate/a.py': 'from .. import _torch'},
-     'migrate/a.py:1: fp16utils (_torch): migrate imports the standard'),
-    ({'migrate/__init__.py': 'from .._spec import parse', '_spec.py': 'import torch'},
+    ({'engine/__init__.py': '', 'engine/a.py': 'from ..optim.amp import A'},
+     'engine/a.py:1: fp16utils.optim.amp (A): imports upward (engine is not above optim)'),
+    ({'migrate/__init__.py': '', 'migrate/a.py': 'from .._torch import versions'},
+     'migrate/a.py:1: fp16utils._torch (versions): migrate imports the standard'),
+    ({'migrate/__init__.py': 'from .._args.spec import parse', '_args/__init__.py': '',
+      '_args/spec.py': 'import torch'},
      'migrate/__init__.py:1: fp16utils._args.spec (parse): migrate imports the standard library'),
-    ({'debug.py': 'from .cli import main'}, 'nothing imports cli'),
-    ({'hooks.py': 'from . import auto_fp16'}, 'import it from the module that defines it'),
-    ({'hooks.py': 'import fp16utils'}, 'import it from the module that defines it'),
+    ({'debug.py': 'from .tools.cli import main', 'tools/__init__.py': ''},
+     'nothing imports tools'),
+    ({'hooks/__init__.py': 'from .. import auto_fp16'},
+     'import it from the module that defines it'),
+    ({'hooks/base.py': 'import fp16utils'}, 'import it from the module that defines it'),
     ({'shiny.py': ''}, "module 'shiny' has no layer: give it a rank"),
     ({'extras/__init__.py': ''}, "module 'extras' has no layer"),
-    ({'hooks.py': 'from .shiny import x'}, "module 'shiny' has no layer"),
+    ({'hooks/base.py': 'from ..shiny import x'}, "module 'shiny' has no layer"),
 ])
 def test_layering_check_catches(tmp_path, files, needle):
-    package = make_package(tmp_path, {'__init__.py': 'from .hooks import *', 'hooks.py': '',
-                                      'scaler.py': '', 'wrap.py': '', **files})
+    package = make_package(tmp_path, {'__init__.py': 'from .hooks import *',
+                                      'hooks/__init__.py': '', 'scaler.py': '', 'wrap.py': '',
+                                      **files})
     errors = layering_errors(package)
     assert any(needle in e for e in errors), errors
 
 
 def test_layering_check_allows_downward_and_internal_imports(tmp_path):
     package = make_package(tmp_path, {
-        '__init__.py': 'from .cli import main\nfrom .hooks import H',
-        '__main__.py': 'from .cli import main',
-        'cli.py': 'from . import __version__, _torch\ndef f():\n    from .migrate import scan',
-        'hooks.py': 'import fp16utils.optim.step\nfrom .engine import Engine',
+        '__init__.py': 'from .tools.cli import main\nfrom .hooks import H',
+        '__main__.py': 'from .tools.cli import main',
+        'tools/__init__.py': '',
+        'tools/cli.py': 'from .. import __version__\nfrom .._torch import versions\n'
+                        'def f():\n    from ..migrate import scan',
+        'hooks/__init__.py': 'from .optimizer import H',
+        'hooks/optimizer.py': 'import fp16utils.optim.step\nfrom ..engine import Engine',
         'optim/__init__.py': 'from .step import S\nfrom . import step',
         'optim/step.py': 'from ..scaler import L\nfrom fp16utils.optim import other',
+        'optim/other.py': '',
         'migrate/__init__.py': 'from .scan import scan\nimport os, ast',
-        'migrate/scan.py': 'from ._source import x\nfrom .._spec import parse',
-        '_spec.py': 'import math',
+        'migrate/scan.py': 'from ._source import x\nfrom .._args.spec import parse',
+        '_args/__init__.py': '',
+        '_args/spec.py': 'import math\nfrom .numbers import as_whole',
+        '_args/numbers.py': 'import math',
     })
     assert layering_errors(package) == []
+    assert cycles(module_graph(package)) == []
 
 
 def test_migrate_imports_the_standard_library_and_itself_only():

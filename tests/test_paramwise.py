@@ -63,6 +63,20 @@ def test_no_paramwise_cfg_gives_one_group():
     assert len(build(Model(), {}).optimizer.param_groups) == 1
 
 
+def test_groups_hold_only_what_a_rule_sets_the_optimizer_fills_the_rest():
+    from fp16utils.optim.constructor import check_paramwise_cfg, paramwise_groups
+
+    assert check_paramwise_cfg(None, dict(lr=0.1), 'optim_wrapper') == {}
+    model = nn.Sequential(nn.Linear(2, 2), nn.LayerNorm(2))
+    cfg = check_paramwise_cfg(dict(norm_decay_mult=0.0, bias_lr_mult=2.0),
+                              dict(lr=0.1, weight_decay=1e-4), 'optim_wrapper')
+    groups = paramwise_groups(model, cfg, 0.1, 1e-4)
+    assert [(g.get('lr'), g.get('weight_decay')) for g in groups] == [
+        (None, None), (0.2, None), (None, 0.0), (None, 0.0)]
+    groups = paramwise_groups(nn.Linear(2, 1), dict(bias_decay_mult=0.0), 0.1, 0.5)
+    assert [g.get('weight_decay') for g in groups] == [None, 0.0]
+
+
 def test_every_option_sets_what_mmengine_sets():
     model = Model()
     cfg = dict(bias_lr_mult=2.0, bias_decay_mult=0.5, norm_decay_mult=0.0,

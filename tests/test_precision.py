@@ -18,8 +18,8 @@ from fp16utils import (
     precision_support,
 )
 from fp16utils._torch import caps
-from fp16utils.tools.cli import main
 from fp16utils.precision import auto_dtype, precision_summary
+from fp16utils.tools.cli import main
 
 pytestmark = pytest.mark.usefixtures('no_backend_env')
 

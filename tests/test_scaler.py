@@ -516,16 +516,13 @@ def test_sparse_and_dense_single_sync(monkeypatch):
 # --------------------------------------------------------------------------- no fused kernel
 
 
-@pytest.fixture(params=['missing', 'no_kernel'])
-def no_fused_kernel(request, monkeypatch):
-    """torch < 1.6 (no fused kernel) or a device where it is not implemented."""
-    if request.param == 'missing':
-        monkeypatch.delattr(torch, '_amp_foreach_non_finite_check_and_unscale_')
-    else:
-        def not_here(*args):
-            raise NotImplementedError('Could not run this kernel with the CPU backend')
+@pytest.fixture
+def no_fused_kernel(monkeypatch):
+    """A device where torch's fused kernel is not implemented."""
+    def not_here(*args):
+        raise NotImplementedError('Could not run this kernel with the CPU backend')
 
-        monkeypatch.setattr(torch, '_amp_foreach_non_finite_check_and_unscale_', not_here)
+    monkeypatch.setattr(torch, '_amp_foreach_non_finite_check_and_unscale_', not_here)
 
 
 @pytest.mark.usefixtures('no_fused_kernel')

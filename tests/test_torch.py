@@ -299,17 +299,6 @@ def test_autocast_for_old_torch(old_torch):
         assert _mm().dtype == torch.float32
 
 
-def test_autocast_for_torch_without_device_autocast(monkeypatch):
-    # torch 1.6 - 1.9: no torch.autocast, CUDA float16 autocast only.
-    monkeypatch.setattr(_torch.autocast, '_HAS_DEVICE_AUTOCAST', False)
-    ctx = _torch.autocast.autocast_for('cpu', torch.bfloat16)
-    assert isinstance(ctx, contextlib.nullcontext)
-    with warnings.catch_warnings():
-        warnings.simplefilter('ignore')  # deprecated on current torch; no CUDA here
-        cuda_ctx = _torch.autocast.autocast_for('cuda', torch.float16)
-    assert isinstance(cuda_ctx, torch.cuda.amp.autocast)
-
-
 def test_autocast_state_outside():
     enabled, _ = _torch.autocast.autocast_state('cpu')
     assert enabled is False
@@ -630,7 +619,8 @@ def test_capability_probes_answer_for_the_cpu():
     assert _torch.caps.kernels_support('cpu', torch.bfloat16)  # every supported torch has these
     assert _torch.autocast.autocast_supports('cpu', torch.bfloat16)
     assert not _torch.autocast.autocast_supports('cpu', torch.float64)
-    assert _torch.probes.device_present('cpu') and not _torch.probes.device_present('no_such_device')
+    assert _torch.probes.device_present('cpu')
+    assert not _torch.probes.device_present('no_such_device')
     assert not _torch.caps.kernels_support('no_such_device', torch.float16)
 
 
@@ -836,3 +826,157 @@ def test_a_probe_first_asked_under_fake_tensor_mode_runs_on_real_tensors():
         assert inside is (probes._disable_current_modes is not None)
     finally:
         probes._probe_cache.pop(key, None)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def test_dtype_names_and_tracing_answers():
+    assert _torch.dtypes.LOW_PRECISION == (torch.float16, torch.bfloat16)
+    assert _torch.dtypes.resolve_dtype('bf16') is torch.bfloat16
+    assert _torch.dtypes.resolve_dtype(None, torch.bfloat16) is torch.bfloat16
+    assert _torch.dtypes.needs_loss_scaling(torch.float16)
+    assert not _torch.dtypes.needs_loss_scaling(torch.bfloat16)
+    tracing = _torch.tracing
+    assert (tracing.is_compiling(), tracing.is_scripting(),
+            tracing.torch_function_mode_active()) == (False, False, False)
+    assert _torch.probes.device_present('cpu') and _torch.probes.device_present('meta')
+
+
+def test_backend_helpers_answer_outside_a_simulation():
+    versions = _torch.versions
+    assert versions.resolve_backend('legacy') == 'legacy'
+    assert isinstance(versions.backend_reason(), str)
+    versions.forget()
+    assert versions.default_backend() in versions.BACKENDS
+    _torch.decisions.warm_device('cpu')
+    assert _torch.decisions.decided('cpu', torch.bfloat16)
+    assert _torch.decisions.decided('cpu', torch.float16)
+
+
+def _needs_a_cpu_grad_scaler():
+    if not _torch.caps.grad_scaler_supports('cpu'):
+        pytest.skip('torch has no GradScaler for cpu here (torch.amp.GradScaler(device))')
+
+
+def test_a_disabled_grad_scaler_passes_the_loss_through_on_any_device():
+    disabled = _torch.factory.make_grad_scaler('cuda', init_scale=512.0, enabled=False)
+    assert disabled.scale(torch.tensor(3.0)).item() == 3.0
+    assert not _torch.state.dispatch_mode_active()
+
+
+def test_grad_scaler_factory_and_state_reads():
+    _needs_a_cpu_grad_scaler()
+    state = _torch.state
+    assert _torch.factory.make_grad_scaler('cpu', init_scale=8.0).get_scale() == 8.0
+    p = nn.Parameter(torch.ones(1))
+    opt = torch.optim.SGD([p], lr=1.0)
+    assert not state.optimizer_handles_unscaling(opt)
+    scaler = _torch.factory.make_grad_scaler('cpu', init_scale=8.0)
+    before = state.grad_scaler_fingerprint(scaler)
+    assert not state.grad_scaler_started(scaler)
+    scaler.scale(p.sum()).backward()
+    assert state.grad_scaler_started(scaler)
+    assert state.grad_scaler_fingerprint(scaler) == before  # making the scale tensor
+    scaler.unscale_(opt)
+    assert [bool(f) for f in state.grad_scaler_found_inf(scaler, opt).values()] == [False]
+    state.reset_grad_scaler_step(scaler)
+    scaler.unscale_(opt)  # no "unscale_() has already been called"
+    scaler.update(4.0)
+    assert state.grad_scaler_fingerprint(scaler) != before
+
+
+def test_an_observed_grad_scaler_counts_outside_loads():
+    _needs_a_cpu_grad_scaler()
+    state = _torch.state
+    scaler = state.make_observed_grad_scaler('cpu', init_scale=8.0)
+    scaler.load_state_dict(dict(scaler.state_dict(), scale=4.0))
+    assert (state.grad_scaler_changes(scaler), scaler.get_scale()) == (1, 4.0)
+    state.quiet_grad_scaler_load(scaler, dict(scaler.state_dict(), scale=2.0))
+    assert (state.grad_scaler_changes(scaler), scaler.get_scale()) == (1, 2.0)
+    plain = _torch.factory.make_grad_scaler('cpu', init_scale=8.0)
+    assert state.observed_grad_scaler(plain).get_scale() == 8.0
+    assert state.grad_scaler_changes(plain) == 0
+
+
+def test_private_tensor_operations():
+    ops = _torch.ops
+    grads = [torch.ones(2), torch.full((1,), 4.0)]
+    ops.foreach_div_(grads, 2.0)
+    assert [g.tolist() for g in grads] == [[0.5, 0.5], [2.0]]
+    ops.foreach_zero_(grads)
+    assert [g.tolist() for g in grads] == [[0.0, 0.0], [0.0]]
+    flat = ops.flatten_dense_tensors([torch.ones(2, 2), torch.zeros(1)])
+    assert flat.tolist() == [1.0, 1.0, 1.0, 1.0, 0.0]
+    shaped = ops.unflatten_dense_tensors(torch.arange(3.0), [torch.zeros(2), torch.zeros(1, 1)])
+    assert [t.shape for t in shaped] == [torch.Size([2]), torch.Size([1, 1])]
+    sparse = torch.tensor([1.0, 0.0, 5.0]).to_sparse()
+    ops.sparse_values(sparse).mul_(2)  # shares the sparse tensor's memory
+    assert sparse.to_dense().tolist() == [2.0, 0.0, 10.0]
+    t = torch.ones(2)
+    assert ops.local_tensor(t) is t
+    assert ops.fused_non_finite_check() is torch._amp_foreach_non_finite_check_and_unscale_
+
+
+def test_compat_hooks_and_clipping():
+    compat = _torch.compat
+    seen = []
+    m = nn.Identity()
+    handle = compat.register_forward_hook_with_kwargs(
+        m, lambda mod, args, kwargs, out: seen.append(out.item()))
+    m(torch.ones(1))
+    handle.remove()
+    m(torch.ones(1))
+    assert seen == [1.0]
+    p = nn.Parameter(torch.ones(4))
+    p.grad = torch.ones(4)
+    assert float(compat.clip_grad_norm_([p], max_norm=1.0, foreach=None)) == 2.0
+    q = nn.Parameter(torch.ones(1))
+    q.grad = torch.full((1,), 5.0)
+    compat.clip_grad_value_([q], clip_value=1.0, foreach=None)
+    assert q.grad.item() == 1.0
+
+
+def test_model_helpers():
+    models = _torch.models
+    inner = nn.Linear(1, 1)
+    assert models.module_device_type(inner) == models.module_device_type(nn.ReLU()) == 'cpu'
+    assert models.module_device_type(nn.Linear(1, 1, device='meta')) == 'meta'
+    assert models.module_device_type(nn.ReLU(), None) is None
+    path = models.TensorPath()
+    assert models.module_device_type(inner, cache=path) == 'cpu' and path.name == 'weight'
+    assert models.unwrap_model(nn.DataParallel(inner)) is inner
+    assert models.unwrap_model(inner) is inner
+    assert models.own_tensor(nn.BatchNorm1d(2), 'running_mean').tolist() == [0.0, 0.0]
+    assert not models.has_no_sync(inner)
+
+
+def test_autocast_helpers_on_the_cpu():
+    ac = _torch.autocast
+    assert not ac.any_autocast_enabled()
+    with ac.autocast_for('cpu', torch.bfloat16):
+        assert ac.autocast_state('cpu') == (True, torch.bfloat16)
+        assert ac.any_autocast_enabled()
+        assert torch.mm(torch.ones(2, 2), torch.ones(2, 2)).dtype == torch.bfloat16
+    assert ac.autocast_supports('cpu', torch.bfloat16)
+    assert (ac.autocast_available('cpu'), ac.autocast_available('meta')) == (True, False)
+    a = torch.ones(2, 2)
+    assert ac.call_autocast('cpu', torch.bfloat16, True, torch.mm, a, a).dtype == torch.bfloat16
+
+
+def test_capability_answers_on_the_cpu():
+    caps = _torch.caps
+    assert caps.kernels_support('cpu', torch.bfloat16)
+    assert caps.native_reason('cpu', torch.bfloat16) is None
+    caps.check_dtype('cpu', torch.bfloat16)
+    assert caps.backend_for('legacy', 'cpu', torch.bfloat16) == 'legacy'
+    assert dict(caps.capability_rows('cpu'))['bfloat16'].startswith('kernels yes')
+    for answer in (caps.autocast_norms_support('cpu', torch.bfloat16),
+                   caps.grad_scaler_supports('cpu'),
+                   caps.fused_check_supports('cpu', torch.float32)):
+        assert isinstance(answer, bool)
+    assert isinstance(caps.cpu_isa_flags(), frozenset)
+    assert caps.table_level('cpu', torch.bfloat16) in (None, 'native', 'emulated')
+    assert caps.speed_probe('cpu', torch.bfloat16) in ('native', 'emulated')
+    assert caps.precision_level('cpu', torch.float16, probe=lambda *a: 'emulated') in caps.LEVELS
+    assert caps.best_device_type() in ('cuda', 'mps', 'xpu', 'cpu')

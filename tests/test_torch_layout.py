@@ -1,4 +1,5 @@
-"""The torch layer's layout: small modules, re-exports only, no private torch reads elsewhere."""
+"""The torch layer's layout: small modules, callers import submodules, no private torch
+reads elsewhere."""
 
 import ast
 import re
@@ -63,21 +64,45 @@ def test_the_checks_above_catch_an_upward_import():
     assert names == ['resolve_dtype', '_torch'] and 'resolve_dtype' not in SIBLINGS
 
 
-def test_package_init_only_imports_and_lists_names():
+def test_package_init_imports_its_submodules_and_nothing_else():
     tree = ast.parse((TORCH_DIR / '__init__.py').read_text(encoding='utf-8'))
-    kinds = set()
-    for node in tree.body:
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            continue
-        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
-            continue  # the docstring
-        if isinstance(node, ast.Assign) and [getattr(t, 'id', None) for t in node.targets] == [
-                '__all__']:
-            continue
-        kinds.add(type(node).__name__)
-    assert kinds == set()
-    for name in _torch.__all__:  # every listed name is importable from the package
-        assert hasattr(_torch, name), name
+    body = [n for n in tree.body if not (isinstance(n, ast.Expr)
+                                         and isinstance(n.value, ast.Constant))]
+    imported = [a.name for n in body if isinstance(n, ast.ImportFrom) and n.level == 1
+                and n.module is None for a in n.names]
+    assert all(isinstance(n, ast.ImportFrom) for n in body[1:]), body
+    assert sorted(imported) == sorted(SIBLINGS)
+    assert not hasattr(_torch, '__all__')
+
+
+def _torch_names_taken(path: Path) -> list:
+    """What a module outside ``_torch`` takes from it other than a submodule."""
+    tree = ast.parse(path.read_text(encoding='utf-8'))
+    taken = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            module = '.' * node.level + (node.module or '')
+            if module.rstrip('.').endswith('_torch') and module.lstrip('.') in (
+                    '_torch', 'fp16utils._torch'):
+                taken += [a.name for a in node.names if a.name not in SIBLINGS]
+        elif (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+              and node.value.id == '_torch' and node.attr not in SIBLINGS):
+            taken.append(f'_torch.{node.attr}')
+    return taken
+
+
+def test_callers_import_the_torch_submodule_they_use():
+    found = {str(p.relative_to(ROOT)): names for p in ROOT.rglob('*.py')
+             if TORCH_DIR not in p.parents and (names := _torch_names_taken(p))}
+    assert found == {}
+
+
+def test_the_caller_check_catches_a_name_taken_from_the_package(tmp_path):
+    bad = tmp_path / 'bad.py'
+    bad.write_text('from .._torch import resolve_dtype\nfrom . import _torch\n_torch.refresh()\n'
+                   'from .._torch import versions\n')
+    assert _torch_names_taken(bad) == ['resolve_dtype', '_torch.refresh']
+
 
 
 def test_reexports_are_the_defining_modules_objects():

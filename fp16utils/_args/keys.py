@@ -1,12 +1,4 @@
-"""Unknown keyword arguments and config keys: one line that names each and the accepted ones.
-
-Standard library only: ``fp16utils scan`` and ``fp16utils migrate`` read config
-keys with it without importing torch.
-
-Example:
-    >>> print(unknown_keys_message('fp16', ['loss_scal'], ('loss_scale', 'dtype')))
-    fp16 got the unknown key 'loss_scal' (did you mean 'loss_scale'?); it takes loss_scale, dtype
-"""
+"""Unknown keyword arguments and config keys, named in one line with the accepted ones."""
 
 from __future__ import annotations
 
@@ -22,31 +14,11 @@ FP16_HOOK_ARGS = ('loss_scale', 'grad_clip', 'coalesce', 'bucket_size_mb', 'dist
 
 
 class UnknownKeyError(TypeError):
-    """A keyword argument or config key that is not taken (a TypeError, as Python's own).
-
-    ``fp16utils run`` reports it as one line instead of a traceback.
-
-    Example:
-        >>> issubclass(UnknownKeyError, TypeError)
-        True
-    """
+    """A keyword argument or config key that is not taken (a TypeError, as Python's own)."""
 
 
 def unknown_keys_message(owner: str, unknown: Iterable[object], accepted: Sequence[str]) -> str:
-    """``owner got the unknown key 'x' (did you mean 'y'?); it takes a, b``.
-
-    Args:
-        owner: What was given the keys (a class, a config key).
-        unknown: The keys not taken.
-        accepted: The keys taken, in the order to list them.
-
-    Returns:
-        One line.
-
-    Example:
-        >>> unknown_keys_message('f', ['zz'], ('a',))
-        "f got the unknown key 'zz'; it takes a"
-    """
+    """``owner got the unknown key 'x' (did you mean 'y'?); it takes a, b``."""
     named = []
     for key in unknown:
         close = difflib.get_close_matches(str(key), accepted, n=1)

@@ -1,16 +1,7 @@
 """What the training arguments mean: ``loss_scale``, ``clip_grad``, scaler states, policies.
 
-This module is the one reading of the arguments that the 1.x wrappers, the
-0.x hooks and the config migration all take, so that they agree on what a
-value means and on what is an error. It needs only the standard library
-(``fp16utils.migrate`` uses it without importing torch).
-
-Example:
-    >>> spec = parse_loss_scale(512., 'Fp16OptimizerHook')
-    >>> spec.static, spec.init_scale
-    (True, 512.0)
-    >>> parse_loss_scale(dict(mode='dynamic', scale_window=100), 'hook').growth_interval
-    100
+One reading shared by the 1.x wrappers, the 0.x hooks and the config migration, so
+they agree on what a value means and what is an error; mmcv's defaults are stated here.
 """
 
 from __future__ import annotations
@@ -31,13 +22,13 @@ from .limits import (  # the scale's floor, ceiling and steps live there; named 
 from .numbers import as_whole, window_note
 
 __all__ = [
-    'NotADictError',
     'GRAD_SCALER_ARGS', 'GRAD_SCALER_STATE_KEYS', 'LOSS_SCALER_ARGS', 'MAX_LOSS_SCALE',
-    'MIN_LOSS_SCALE', 'MMCV_DYNAMIC', 'MMCV_STATE_KEYS', 'NONFINITE_POLICIES', 'SCALE_HISTORY_LEN',
-    'ScaleSpec', 'TORCH_DYNAMIC', 'check_nonfinite_policy', 'check_positive_int',
-    'check_scale', 'check_scaler_state', 'check_stats', 'grow_scale',
-    'grad_scaler_to_mmcv_state', 'is_number', 'is_positive_int', 'mmcv_to_grad_scaler_state',
-    'shrink_scale', 'nonfinite_error', 'parse_clip_grad', 'parse_loss_scale', 'positive_finite']
+    'MIN_LOSS_SCALE', 'MMCV_DYNAMIC', 'MMCV_INIT_SCALE', 'MMCV_LOSS_SCALE', 'MMCV_STATE_KEYS',
+    'NONFINITE_POLICIES', 'NotADictError', 'SCALE_HISTORY_LEN', 'ScaleSpec', 'TORCH_DYNAMIC',
+    'check_nonfinite_policy', 'check_positive_int', 'check_scale', 'check_scaler_state',
+    'check_stats', 'grad_scaler_to_mmcv_state', 'grow_scale', 'is_number', 'is_positive_int',
+    'mmcv_to_grad_scaler_state', 'nonfinite_error', 'parse_clip_grad', 'parse_loss_scale',
+    'positive_finite', 'shrink_scale']
 
 logger = logging.getLogger('fp16utils')
 
@@ -46,65 +37,34 @@ SCALE_HISTORY_LEN = 64
 
 
 class NotADictError(ValueError, AssertionError):
-    """A setting that must be a dict is not one.
-
-    A ValueError, and an AssertionError too, as MMEngine raises for the same
-    mistake, so code written against either catches it.
-    """
+    """A setting that must be a dict is not one (an AssertionError too, as MMEngine raises)."""
 
 
 def is_number(value: Any) -> bool:
-    """Whether ``value`` is an int or a float (a bool is not a number here).
-
-    Example:
-        >>> is_number(2), is_number(2.5), is_number(True), is_number('2')
-        (True, True, False, False)
-    """
+    """Whether ``value`` is an int or a float (a bool is not a number here)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def positive_finite(value: Any) -> bool:
-    """Whether ``value`` is a finite number > 0 (a numpy scalar too, as mmcv takes it).
-
-    Example:
-        >>> positive_finite(0.5), positive_finite(0), positive_finite(float('inf'))
-        (True, False, False)
-    """
+    """Whether ``value`` is a finite number > 0 (a numpy scalar too, as mmcv takes it)."""
     number = real_number(value)
     return number is not None and math.isfinite(number) and number > 0
 
 
 def is_positive_int(value: Any) -> bool:
-    """Whether ``value`` is an int >= 1 (a bool is not).
-
-    Example:
-        >>> is_positive_int(3), is_positive_int(0), is_positive_int(True)
-        (True, False, False)
-    """
+    """Whether ``value`` is an int >= 1 (a bool is not)."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def check_scale(value: Any, owner: str, name: str) -> float:
-    """Return ``value`` as a float when it is a usable loss scale, else raise naming it.
-
-    A loss scale is a number (not a bool) in ``(0, MAX_LOSS_SCALE]``, its float32 reciprocal finite.
-
-    Example:
-        >>> check_scale(512, 'LossScaler', 'init_scale')
-        512.0
-    """
+    """``value`` as a float when it is a usable loss scale, else a ValueError naming it."""
     if not usable_scale(value):
         raise ValueError(f'{owner}: {name} must be {SCALE_RANGE}, got {value!r}.')
     return float(value)
 
 
 def check_positive_int(value: Any, owner: str, name: str) -> int:
-    """Return ``value`` when it is an int >= 1, else raise a ValueError naming it.
-
-    Example:
-        >>> check_positive_int(4, 'OptimWrapper', 'accumulative_counts')
-        4
-    """
+    """``value`` when it is an int >= 1, else a ValueError naming it."""
     if not is_positive_int(value):
         raise ValueError(f'{owner}: {name} must be an int >= 1, got {value!r}.')
     return value
@@ -124,10 +84,14 @@ class ScaleSpec(NamedTuple):
     enabled: bool = True
 
 
+#: mmcv's default ``loss_scale`` of ``Fp16OptimizerHook`` (a static scale).
+MMCV_LOSS_SCALE = 512.0
+#: mmcv ``LossScaler``'s default ``init_scale`` (an int, as mmcv writes it in checkpoints).
+MMCV_INIT_SCALE = 2**32
 #: ``'dynamic'`` with torch's GradScaler defaults (the 1.x wrappers, the native hook).
 TORCH_DYNAMIC = ScaleSpec(False, 2.0**16, 2.0, 0.5, 2000)
 #: ``'dynamic'`` with mmcv's LossScaler defaults (the legacy 0.x hook).
-MMCV_DYNAMIC = ScaleSpec(False, 2.0**32, 2.0, 0.5, 1000)
+MMCV_DYNAMIC = ScaleSpec(False, float(MMCV_INIT_SCALE), 2.0, 0.5, 1000)
 
 GRAD_SCALER_ARGS = ('init_scale', 'growth_factor', 'backoff_factor', 'growth_interval',
                     'enabled')
@@ -140,13 +104,7 @@ GRAD_SCALER_STATE_KEYS = ('scale', 'growth_factor', 'backoff_factor', 'growth_in
 
 def parse_loss_scale(loss_scale: Any, owner: str,
                      dynamic: ScaleSpec = TORCH_DYNAMIC) -> ScaleSpec:
-    """Turn ``'dynamic'``, a number or a dict into a :class:`ScaleSpec`.
-
-    The dict takes GradScaler's arguments (init_scale, growth_factor,
-    backoff_factor, growth_interval, enabled) or LossScaler's (init_scale,
-    mode, scale_factor, scale_window), so configs written for either backend
-    work on both.
-    """
+    """``'dynamic'``, a number or a dict of either backend's scaler arguments, as a ScaleSpec."""
     usage = (f"{owner}: loss_scale must be 'dynamic', a positive number (a static scale) "
              'or a dict of scaler arguments (init_scale, growth_factor, backoff_factor, '
              'growth_interval, enabled; or mmcv\'s init_scale, mode, scale_factor, '
@@ -212,13 +170,8 @@ def parse_loss_scale(loss_scale: Any, owner: str,
 
 
 def mmcv_to_grad_scaler_state(state: Mapping[str, Any]) -> Tuple[Dict[str, Any], bool]:
-    """Map an mmcv ``LossScaler`` state onto GradScaler's; also return whether it is static.
-
-    mmcv grows the scale when ``(cur_iter - last_overflow_iter) % scale_window
-    == 0`` at a clean update; GradScaler when ``growth_tracker + 1 ==
-    growth_interval``. Both agree when ``growth_tracker = (cur_iter -
-    last_overflow_iter - 1) mod scale_window``.
-    """
+    """An mmcv ``LossScaler`` state as GradScaler's, and whether it is static."""
+    # Both grow on the same step when tracker = (cur_iter - last_overflow_iter - 1) % window.
     window = int(state['scale_window'])
     factor = float(state['scale_factor'])
     tracker = (int(state['cur_iter']) - int(state['last_overflow_iter']) - 1) % window
@@ -235,7 +188,7 @@ def mmcv_to_grad_scaler_state(state: Mapping[str, Any]) -> Tuple[Dict[str, Any],
 
 
 def grad_scaler_to_mmcv_state(state: Mapping[str, Any], static: bool) -> Dict[str, Any]:
-    """Map a GradScaler state onto mmcv's ``LossScaler`` keys (the inverse mapping)."""
+    """A GradScaler state as mmcv's ``LossScaler`` keys (the inverse mapping)."""
     growth = float(state['growth_factor'])
     backoff = float(state['backoff_factor'])
     if not math.isclose(growth * backoff, 1.0, rel_tol=1e-6):
@@ -277,35 +230,7 @@ def _check_factor(state: Mapping[str, Any], key: str, owner: str, above_one: boo
 
 
 def check_scaler_state(state: Any, owner: str, *, unit_factor: bool = False) -> str:
-    """Check a loss scaler state completely; say its format: ``'mmcv'`` or ``'torch'``.
-
-    Keys (none missing, none unknown), types and values are checked: a scale in
-    ``(0, 2**127]``, growth factor > 1, backoff factor in (0, 1), intervals whole
-    numbers >= 1 (an int, or a float such as ``3.0``, as mmcv keeps it), a growth
-    tracker in ``[0, growth_interval)``, mmcv's mode ``'dynamic'`` or ``'static'``
-    and ``-1 <= last_overflow_iter <= cur_iter``. A bool is not a number here.
-
-    Args:
-        state: A ``GradScaler.state_dict()`` or an mmcv ``LossScaler.state_dict()``.
-        owner: Who loads it, for the message.
-        unit_factor: Also take a dynamic mmcv state whose ``scale_factor`` is 1
-            (a scale that never moves, as mmcv's ``LossScaler`` keeps it); only
-            ``LossScaler`` itself can hold one.
-
-    Returns:
-        ``'mmcv'`` or ``'torch'``.
-
-    Raises:
-        TypeError: ``state`` is not a dict.
-        KeyError: A key is missing.
-        ValueError: An unknown key, or a value of the wrong type or range (the
-            message names the key and the value).
-
-    Example:
-        >>> check_scaler_state(dict(scale=1024., growth_factor=2., backoff_factor=.5,
-        ...                         growth_interval=100, _growth_tracker=3), 'example')
-        'torch'
-    """
+    """Check a scaler state's keys, types and ranges; say its format, ``'mmcv'`` or ``'torch'``."""
     if not isinstance(state, Mapping):
         raise TypeError(f'{owner}: a loss scaler state must be a dict, got '
                         f'{type(state).__name__}.')
@@ -340,6 +265,7 @@ def check_scaler_state(state: Any, owner: str, *, unit_factor: bool = False) -> 
     if mode not in ('dynamic', 'static'):
         raise _state_error(owner, 'mode', mode, "'dynamic' or 'static'")
     factor = state['scale_factor']
+    # unit_factor: LossScaler itself also holds a dynamic scale_factor of 1 (a fixed scale).
     if mode == 'dynamic' and not (unit_factor and real_number(factor) == 1):
         _check_factor(state, 'scale_factor', owner, True)
     elif not positive_finite(factor):
@@ -354,19 +280,7 @@ def check_scaler_state(state: Any, owner: str, *, unit_factor: bool = False) -> 
 
 
 def check_stats(stats: Any, owner: str) -> Tuple[int, list]:
-    """Check saved skip statistics; return ``(skipped_steps, scale_history)``.
-
-    Args:
-        stats: ``{'skipped_steps': int >= 0, 'scale_history': [(step, scale), ...]}``.
-        owner: Who loads it, for the message.
-
-    Returns:
-        The skip count and the history as a new list of ``(int, float)`` pairs.
-
-    Example:
-        >>> check_stats({'skipped_steps': 2, 'scale_history': [(0, 8.0)]}, 'example')
-        (2, [(0, 8.0)])
-    """
+    """Check saved skip statistics; return ``(skipped_steps, scale_history)``."""
     usage = (f"{owner}: the saved fp16 statistics must be a dict {{'skipped_steps': an int "
              ">= 0, 'scale_history': a list of (step, scale) pairs}}")
     if not isinstance(stats, Mapping) or set(stats) != {'skipped_steps', 'scale_history'}:
@@ -452,12 +366,7 @@ NONFINITE_POLICIES = ('warn', 'raise', 'ignore')
 
 
 def check_nonfinite_policy(nonfinite: Any, owner: str) -> str:
-    """Return ``nonfinite`` when it is one of :data:`NONFINITE_POLICIES`, else raise.
-
-    Example:
-        >>> check_nonfinite_policy('raise', 'AmpOptimWrapper')
-        'raise'
-    """
+    """``nonfinite`` when it is one of :data:`NONFINITE_POLICIES`, else a ValueError."""
     if nonfinite not in NONFINITE_POLICIES:
         raise ValueError(
             f'{owner}: nonfinite must be one of {NONFINITE_POLICIES} (what to do with an '
@@ -475,12 +384,7 @@ def nonfinite_error(step: int, why: str) -> FloatingPointError:
 
 
 def check_cache_enabled(cache_enabled: Any, owner: str) -> Optional[bool]:
-    """Check ``optim_context``'s ``cache_enabled``: None, True or False.
-
-    Example:
-        >>> check_cache_enabled(False, 'AmpOptimWrapper')
-        False
-    """
+    """``optim_context``'s ``cache_enabled`` when it is None, True or False, else a TypeError."""
     if cache_enabled is None or isinstance(cache_enabled, bool):
         return cache_enabled
     raise TypeError(

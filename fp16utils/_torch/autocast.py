@@ -1,14 +1,7 @@
-"""Entering autocast on one device type, and reading its state, on any torch.
+"""Entering autocast on one device type and reading its state, on torch 1.13 to the newest.
 
-``torch.autocast(device_type=...)`` from torch 1.10, per-device state calls
-from torch 2.4, ``torch.cuda.amp.autocast`` (CUDA float16 only) on torch 1.6 -
-1.9; without native AMP the contexts do nothing. Which (device, dtype) pairs
-autocast accepts is probed once (:func:`autocast_supports`).
-
-Example:
-    >>> with autocast_for('cpu', torch.bfloat16):
-    ...     autocast_state('cpu')
-    (True, torch.bfloat16)
+Which (device, dtype) pairs autocast accepts is probed once (:func:`autocast_supports`);
+without native AMP (a simulated old torch) the contexts do nothing.
 """
 
 from __future__ import annotations
@@ -28,8 +21,7 @@ from .versions import _native_cache, has_native_amp
 __all__ = ['any_autocast_enabled', 'autocast_available', 'autocast_for', 'autocast_state',
            'autocast_supports', 'call_autocast']
 
-# Feature flags (what the installed torch has, whatever TORCH_VERSION says). Tests patch them.
-_HAS_DEVICE_AUTOCAST = hasattr(torch, 'autocast')  # torch >= 1.10
+# Feature flag (what the installed torch has, whatever TORCH_VERSION says). Tests patch it.
 _HAS_DEVICE_AUTOCAST_STATE = hasattr(torch, 'get_autocast_dtype')  # torch >= 2.4
 # torch >= 2.0: one C call answers "autocast on anywhere?" (private, see any_autocast_enabled).
 _any_autocast = getattr(torch._C, '_is_any_autocast_enabled', None)
@@ -39,27 +31,12 @@ _is_autocast_enabled = torch.is_autocast_enabled
 _get_autocast_dtype = getattr(torch, 'get_autocast_dtype', None)
 _set_autocast_enabled = torch.set_autocast_enabled
 _set_autocast_dtype = getattr(torch, 'set_autocast_dtype', None)
-_increment_nesting = getattr(torch, 'autocast_increment_nesting', None)
-_decrement_nesting = getattr(torch, 'autocast_decrement_nesting', None)
+_increment_nesting = torch.autocast_increment_nesting
+_decrement_nesting = torch.autocast_decrement_nesting
 
 
 def autocast_state(device_type: str) -> tuple[bool, torch.dtype | None]:
-    """Tell whether autocast is on for a device type, and in which dtype.
-
-    Works with the per-device API of torch >= 2.4 and with the older
-    ``is_autocast_enabled()`` / ``is_autocast_cpu_enabled()`` functions.
-
-    Args:
-        device_type: ``'cpu'``, ``'cuda'``, ...
-
-    Returns:
-        ``(enabled, dtype)``; ``(False, None)`` where torch cannot tell.
-
-    Example:
-        >>> with autocast_for('cpu', torch.bfloat16):
-        ...     autocast_state('cpu')
-        (True, torch.bfloat16)
-    """
+    """``(enabled, dtype)`` of autocast on a device type; ``(False, None)`` where unknown."""
     if _HAS_DEVICE_AUTOCAST_STATE:  # per-device state calls
         try:
             return (torch.is_autocast_enabled(device_type),
@@ -67,9 +44,7 @@ def autocast_state(device_type: str) -> tuple[bool, torch.dtype | None]:
         except RuntimeError:  # a device type without autocast ('meta'): never on
             return False, None
     if device_type == 'cuda':
-        get_dtype = getattr(torch, 'get_autocast_gpu_dtype', None)
-        return (torch.is_autocast_enabled(),
-                get_dtype() if get_dtype is not None else torch.float16)
+        return torch.is_autocast_enabled(), torch.get_autocast_gpu_dtype()
     # One pair of functions per device: is_autocast_cpu_enabled/get_autocast_cpu_dtype, ...
     is_enabled = getattr(torch, f'is_autocast_{device_type}_enabled', None)
     get_dtype = getattr(torch, f'get_autocast_{device_type}_dtype', None)
@@ -79,19 +54,7 @@ def autocast_state(device_type: str) -> tuple[bool, torch.dtype | None]:
 
 
 def any_autocast_enabled() -> bool:
-    """Whether autocast is on for any device type (one C call on current torch).
-
-    The cheap first question of ``@force_fp32``'s flag-off path; dynamo traces it.
-    Relies on torch's private ``torch._C._is_any_autocast_enabled`` (torch >=
-    2.0); where it is missing, asks :func:`autocast_state` for the CPU and CUDA.
-
-    Example:
-        >>> any_autocast_enabled()
-        False
-        >>> with autocast_for('cpu', torch.bfloat16):
-        ...     any_autocast_enabled()
-        True
-    """
+    """Whether autocast is on for any device type (one private C call on torch >= 2.0)."""
     if _any_autocast is not None:
         return bool(_any_autocast())
     return autocast_state('cpu')[0] or autocast_state('cuda')[0]
@@ -117,26 +80,12 @@ def _restore_autocast_state(device_type: str, state: tuple[bool, Any]) -> None:
 
 
 def _context_enabled(ctx: Any) -> bool:
-    """Whether a ``torch.autocast`` object kept itself on when it was built.
-
-    Relies on the private ``_enabled`` attribute that ``torch.autocast`` sets
-    False (with a warning) for a (device, dtype) pair it does not support; True
-    where the attribute is absent (the state read inside the context decides).
-    """
-    return bool(getattr(ctx, '_enabled', True))
+    """Whether a ``torch.autocast`` kept itself on (private ``_enabled``; off for a bad pair)."""
+    return bool(ctx._enabled)
 
 
 def autocast_supports(device_type: str, dtype: torch.dtype) -> bool:
-    """Whether ``torch.autocast`` accepts ``dtype`` on the device (tried once).
-
-    torch.autocast itself validates the pair: it warns and turns itself off
-    (some versions raise on entry) when the pair is not supported; either
-    answer is kept, so the fast path never repeats that work.
-
-    Example:
-        >>> autocast_supports('cpu', torch.bfloat16)
-        True
-    """
+    """Whether ``torch.autocast`` accepts ``dtype`` on the device (tried once, answer kept)."""
     ok = known_answer('autocast', device_type, dtype)  # the per-call fast path
     if ok is not None:
         return ok
@@ -144,8 +93,6 @@ def autocast_supports(device_type: str, dtype: torch.dtype) -> bool:
     def probe() -> bool:
         if not device_present(device_type):
             return False
-        if not _HAS_DEVICE_AUTOCAST:  # only torch.cuda.amp.autocast (float16)
-            return device_type == 'cuda' and dtype == torch.float16
         ctx = torch.autocast(device_type=device_type, dtype=dtype)
         if not _context_enabled(ctx):
             return False
@@ -160,21 +107,12 @@ def autocast_supports(device_type: str, dtype: torch.dtype) -> bool:
 
 
 def autocast_available(device_type: str) -> bool:
-    """Whether torch has autocast for this device type at all (tried once).
-
-    ``'meta'`` has none: tensors there are cast by dtype and run without autocast.
-
-    Example:
-        >>> autocast_available('cpu'), autocast_available('meta')
-        (True, False)
-    """
+    """Whether torch has autocast for this device type at all (tried once; ``'meta'`` has none)."""
     def probe() -> bool:
-        if not _HAS_DEVICE_AUTOCAST:
-            return device_type == 'cuda'
         is_available = getattr(torch.amp, 'is_autocast_available', None)  # torch >= 2.4
         if is_available is not None:
             return bool(is_available(device_type))
-        torch.autocast(device_type=device_type, enabled=False)  # older torch raises
+        torch.autocast(device_type=device_type, enabled=False)  # raises where there is none
         return True
     return _cached_probe('autocast-device', device_type, None, probe)
 
@@ -182,34 +120,8 @@ def autocast_available(device_type: str) -> bool:
 def autocast_for(device_type: str, dtype: torch.dtype | None = None,
                  enabled: bool = True, cache_enabled: bool | None = None
                  ) -> ContextManager[Any]:
-    """Return the autocast context for one device type.
-
-    Uses ``torch.autocast(device_type=...)``; on a torch without native AMP it
-    returns a no-op context.
-
-    Args:
-        device_type: ``'cpu'``, ``'cuda'``, ``'mps'``, ``'xpu'``, ``'npu'``, ...
-        dtype: The low-precision dtype; None keeps torch's default for the device.
-        enabled: False gives a context that disables autocast on that device.
-        cache_enabled: ``torch.autocast``'s weight-cast cache inside the context
-            (None: torch's default, on). False avoids pytorch#105211 (a weight
-            cast under ``no_grad`` reused by a later forward that needs its
-            gradient). Ignored by torch < 1.10's CUDA-only autocast.
-
-    Returns:
-        A context manager.
-
-    Example:
-        >>> with autocast_for('cpu', torch.bfloat16):
-        ...     y = torch.mm(torch.ones(2, 2), torch.ones(2, 2))
-        >>> y.dtype
-        torch.bfloat16
-    """
+    """``torch.autocast`` on one device (off for a pair it does not take; no-op without AMP)."""
     if not has_native_amp():
-        return contextlib.nullcontext()
-    if not _HAS_DEVICE_AUTOCAST:  # torch 1.6 - 1.9: CUDA float16 autocast only
-        if device_type == 'cuda':
-            return torch.cuda.amp.autocast(enabled=enabled)
         return contextlib.nullcontext()
     if device_type not in ('cpu', 'cuda'):
         ok = known_answer('autocast-device', device_type, None)
@@ -222,9 +134,10 @@ def autocast_for(device_type: str, dtype: torch.dtype | None = None,
         if ok is None and not _is_compiling():  # in a trace, torch.autocast decides
             ok = autocast_supports(device_type, dtype)
         if ok is False:
-            # torch.autocast warns for such a pair (older torch raises on entry); off is
+            # torch.autocast warns for such a pair (some versions raise on entry); off is
             # what it would give, and the dtype of a disabled autocast does not matter.
             return torch.autocast(device_type=device_type, enabled=False)
+    # cache_enabled=False avoids pytorch#105211 (a cast under no_grad reused with grad).
     extra = {} if cache_enabled is None else {'cache_enabled': cache_enabled}
     if dtype is None:
         return torch.autocast(device_type=device_type, enabled=enabled, **extra)
@@ -233,32 +146,7 @@ def autocast_for(device_type: str, dtype: torch.dtype | None = None,
 
 def call_autocast(device_type: str, dtype: torch.dtype | None, enabled: bool,
                   func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Call ``func(*args, **kwargs)`` inside autocast on one device type.
-
-    Equivalent to ``with torch.autocast(device_type, dtype, enabled=enabled):
-    func(...)``, with the same state changes on entry and exit (enabled flag,
-    dtype, nesting count, cast cache), but without building a context object
-    per call. While torch.compile traces, under a torch-function mode (as
-    torch.export uses) or when TorchScript compiles, ``torch.autocast`` itself
-    is used so those tools see it. On a torch without native AMP the function
-    is simply called.
-
-    Args:
-        device_type: ``'cpu'``, ``'cuda'``, ...
-        dtype: The low-precision dtype (None: keep the device's current one).
-        enabled: True to turn autocast on, False to turn it off.
-        func: What to call.
-        *args: Its positional arguments.
-        **kwargs: Its keyword arguments.
-
-    Returns:
-        What ``func`` returns.
-
-    Example:
-        >>> a = torch.ones(2, 2)
-        >>> call_autocast('cpu', torch.bfloat16, True, torch.mm, a, a).dtype
-        torch.bfloat16
-    """
+    """``func(*args, **kwargs)`` inside autocast, without a context object on the eager path."""
     if not (_native_cache.get(_versions.TORCH_VERSION) or has_native_amp()):
         return func(*args, **kwargs)
     # torch < 2.4 has no per-device autocast state setters: use the context.

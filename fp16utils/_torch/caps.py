@@ -1,10 +1,5 @@
-"""Capabilities of the installed torch per device type and dtype, and the backend rules.
-
-Example:
-    >>> import torch
-    >>> from fp16utils._torch import caps
-    >>> caps.kernels_support('cpu', torch.bfloat16)
-    True
+"""What the installed torch can do per device type and dtype, the backend rules, and
+whether a dtype is native or emulated on a device.
 """
 
 from __future__ import annotations
@@ -17,48 +12,17 @@ from . import factory as _factory
 from . import versions as _versions
 from .autocast import autocast_supports
 from .decisions import warm_device
-from .dtypes import _LOW_NAMES, _LOW_PRECISION, needs_loss_scaling
+from .dtypes import LOW_NAMES, LOW_PRECISION, needs_loss_scaling
 from .probes import _cached_probe, device_present
 from .versions import has_native_amp, resolve_backend
 
-# =============================================================================
-# Capabilities of the installed torch, per device type and dtype.
-#
-# Every decision below is made by trying the thing (entering an autocast,
-# running a tiny matrix product, building a GradScaler, looking at a signature),
-# never by comparing version numbers, so a backport or a vendor build is judged
-# by what it does. Each probe runs once per process; the caches describe the
-# installed torch, so refresh() (which forgets decisions that depend on
-# _versions.TORCH_VERSION and the environment) leaves them alone.
-#
-# The rules, used by backend_for():
-#   1. The kernels must exist: a float16/bfloat16 matrix product (and its
-#      backward) on the device. If not, no backend can train in that dtype there:
-#      check_dtype() raises one error naming the dtype that does work.
-#   2. The native backend needs torch.autocast to accept (device, dtype), and
-#      for float16 (loss scaling) a GradScaler for the device.
-#   3. Where rule 2 fails but rule 1 holds, the automatic choice (backend=None)
-#      is the legacy backend: the model converted by hand, norms in float32,
-#      float32 master weights and LossScaler. backend='native' asked explicitly
-#      is an error that says so.
-#   4. The automatic choice is also the legacy backend for a model with GroupNorm or
-#      LayerNorm layers where autocast cannot run them (float32 weights) on
-#      low-precision inputs (bfloat16 on the CPU of older torch); an explicit
-#      'native' is allowed there.
-# =============================================================================
+# Each capability is tried once per process, never read from the version; refresh()
+# leaves these caches alone. The rules of backend_for() are stated in
+# docs/reference/supported-torch.md ("What a torch can do").
 
 
 def kernels_support(device_type: str, dtype: torch.dtype) -> bool:
-    """Whether torch has ``dtype`` matrix kernels on the device (forward and backward).
-
-    A tiny ``linear`` and its backward in ``dtype`` is tried once; without
-    them no backend can train in that dtype on that device (float16 on the
-    CPU of older torch, for instance).
-
-    Example:
-        >>> kernels_support('cpu', torch.bfloat16)
-        True
-    """
+    """Whether torch has ``dtype`` matrix kernels, forward and backward, on the device."""
     def probe() -> bool:
         if not device_present(device_type):
             return False
@@ -70,16 +34,7 @@ def kernels_support(device_type: str, dtype: torch.dtype) -> bool:
 
 
 def autocast_norms_support(device_type: str, dtype: torch.dtype) -> bool:
-    """Whether GroupNorm and LayerNorm take ``dtype`` inputs with float32 weights in autocast.
-
-    That is what a model's float32 norm layers see under autocast; where it
-    fails (bfloat16 on the CPU of older torch), the automatic backend choice
-    is the legacy one, which runs those norms in float32.
-
-    Example:
-        >>> isinstance(autocast_norms_support('cpu', torch.bfloat16), bool)
-        True
-    """
+    """Whether autocast runs GroupNorm/LayerNorm on ``dtype`` inputs with float32 weights."""
     def probe() -> bool:
         if not autocast_supports(device_type, dtype):
             return False
@@ -93,15 +48,7 @@ def autocast_norms_support(device_type: str, dtype: torch.dtype) -> bool:
 
 
 def grad_scaler_supports(device_type: str) -> bool:
-    """Whether torch has a working GradScaler for the device type.
-
-    ``torch.amp.GradScaler(device)`` takes any device that has the scaling
-    kernels; where it is missing only ``torch.cuda.amp.GradScaler`` exists.
-
-    Example:
-        >>> isinstance(grad_scaler_supports('cpu'), bool)
-        True
-    """
+    """Whether torch has a working GradScaler for the device type."""
     cls = _factory._AMP_GRAD_SCALER
 
     def probe() -> bool:
@@ -114,35 +61,21 @@ def grad_scaler_supports(device_type: str) -> bool:
 
 
 def fused_check_supports(device_type: str, dtype: torch.dtype) -> bool:
-    """Whether the fused overflow kernel (check and unscale in one pass) runs there.
-
-    ``torch._amp_foreach_non_finite_check_and_unscale_`` is tried once on a
-    one-element tensor; where it is missing the check falls back to one
-    ``isfinite`` per tensor (still a single device sync).
-
-    Example:
-        >>> isinstance(fused_check_supports('cpu', torch.float32), bool)
-        True
-    """
+    """Whether the fused overflow kernel (check and unscale in one pass) runs there."""
     def probe() -> bool:
-        fused = getattr(torch, '_amp_foreach_non_finite_check_and_unscale_', None)
-        if fused is None or not device_present(device_type):
+        if not device_present(device_type):
             return False
         found = torch.zeros(1, device=device_type)
-        fused([torch.ones(1, dtype=dtype, device=device_type)], found,
-              torch.ones(1, device=device_type))
+        torch._amp_foreach_non_finite_check_and_unscale_(
+            [torch.ones(1, dtype=dtype, device=device_type)], found,
+            torch.ones(1, device=device_type))
         return not bool(found.item())
     return _cached_probe('fused_check', device_type, dtype, probe)
 
 
 def native_reason(device_type: str, dtype: torch.dtype) -> Optional[str]:
-    """Why the native backend cannot run ``dtype`` on the device (None: it can).
-
-    Example:
-        >>> native_reason('cpu', torch.bfloat16) is None
-        True
-    """
-    name = _LOW_NAMES.get(dtype, str(dtype))
+    """Why the native backend cannot run ``dtype`` on the device (None: it can)."""
+    name = LOW_NAMES.get(dtype, str(dtype))
     if not has_native_amp():
         return f'torch {_versions.TORCH_VERSION} has no native AMP'
     if not autocast_supports(device_type, dtype):
@@ -153,24 +86,13 @@ def native_reason(device_type: str, dtype: torch.dtype) -> Optional[str]:
 
 
 def check_dtype(device_type: str, dtype: torch.dtype) -> None:
-    """Fail up front when torch cannot compute in ``dtype`` on the device at all.
-
-    Args:
-        device_type: ``'cpu'``, ``'cuda'``, ...
-        dtype: ``torch.float16`` or ``torch.bfloat16``.
-
-    Raises:
-        ValueError: Naming the dtype that does work there (if any).
-
-    Example:
-        >>> check_dtype('cpu', torch.bfloat16)
-    """
+    """Raise a ValueError naming the dtype that works where torch cannot compute in ``dtype``."""
     if kernels_support(device_type, dtype):
         return
-    name = _LOW_NAMES.get(dtype, str(dtype))
-    others = [d for d in _LOW_PRECISION if d != dtype and kernels_support(device_type, d)]
+    name = LOW_NAMES.get(dtype, str(dtype))
+    others = [d for d in LOW_PRECISION if d != dtype and kernels_support(device_type, d)]
     if others:
-        hint = f'use dtype=torch.{_LOW_NAMES[others[0]]}'
+        hint = f'use dtype=torch.{LOW_NAMES[others[0]]}'
     else:
         hint = 'train in float32 there, or on a device that has them'
     raise ValueError(
@@ -180,37 +102,10 @@ def check_dtype(device_type: str, dtype: torch.dtype) -> None:
 
 def backend_for(backend: Optional[str], device_type: str, dtype: torch.dtype,
                 model: Optional[torch.nn.Module] = None) -> str:
-    """Choose the backend that trains ``dtype`` on ``device_type``.
-
-    ``None`` takes the process default (:func:`default_backend`), then falls
-    back to ``'legacy'`` where the native backend cannot run the pair
-    (:func:`native_reason`), or where ``model`` has GroupNorm/LayerNorm layers
-    and autocast cannot feed them float32 weights with ``dtype`` inputs
-    (:func:`autocast_norms_support`), provided the kernels exist. An explicit
-    ``'native'`` that cannot run is an error, and so is a dtype torch cannot
-    compute in on that device (:func:`check_dtype`).
-
-    Args:
-        backend: ``'native'``, ``'legacy'`` or None.
-        device_type: Where the model's parameters live.
-        dtype: The low-precision dtype.
-        model: The model to train, if the caller has one (the legacy backend
-            converts it; without it, legacy is chosen only where native cannot
-            run at all).
-
-    Returns:
-        ``'native'`` or ``'legacy'``.
-
-    Raises:
-        ValueError: As described above.
-
-    Example:
-        >>> backend_for('legacy', 'cpu', torch.bfloat16)
-        'legacy'
-    """
+    """The backend that trains ``dtype`` on ``device_type`` (``model``: whether it has norms)."""
     # What the model's decorated forwards will ask per call, answered before any trace.
     warm_device(device_type)
-    if dtype not in _LOW_PRECISION:  # full precision: nothing to cast or scale
+    if dtype not in LOW_PRECISION:  # full precision: nothing to cast or scale
         return 'native' if backend is None else resolve_backend(backend)
     chosen = resolve_backend(backend)
     check_dtype(device_type, dtype)
@@ -224,12 +119,12 @@ def backend_for(backend: Optional[str], device_type: str, dtype: torch.dtype,
             return chosen
         return 'legacy'
     if backend == 'native':
-        other = [d for d in _LOW_PRECISION
+        other = [d for d in LOW_PRECISION
                  if d != dtype and native_reason(device_type, d) is None
                  and kernels_support(device_type, d)]
-        also = f", or dtype=torch.{_LOW_NAMES[other[0]]}" if other else ''
+        also = f", or dtype=torch.{LOW_NAMES[other[0]]}" if other else ''
         raise ValueError(
-            f"backend='native' cannot train {_LOW_NAMES.get(dtype, dtype)} on {device_type}: "
+            f"backend='native' cannot train {LOW_NAMES.get(dtype, dtype)} on {device_type}: "
             f"{why}; use backend='legacy' (half model, float32 master weights) or "
             f'backend=None, which falls back to it{also}.')
     return 'legacy'
@@ -241,17 +136,12 @@ def _has_norms(model: torch.nn.Module) -> bool:
 
 
 def capability_rows(device_type: str) -> list[tuple[str, str]]:
-    """What torch supports on one device type, one ``(dtype, summary)`` row per dtype.
-
-    Example:
-        >>> dict(capability_rows('cpu'))['bfloat16'].startswith('kernels yes')
-        True
-    """
+    """What torch supports on one device type: one ``(dtype name, summary)`` row per dtype."""
     def yes(flag: bool) -> str:
         return 'yes' if flag else 'no'
 
     rows = []
-    for dtype in _LOW_PRECISION:
+    for dtype in LOW_PRECISION:
         autocast = has_native_amp() and autocast_supports(device_type, dtype)
         parts = [f'kernels {yes(kernels_support(device_type, dtype))}',
                  f'autocast {yes(autocast)}',
@@ -265,20 +155,16 @@ def capability_rows(device_type: str) -> list[tuple[str, str]]:
             parts.append(f'-> {backend} backend' if backend == with_norms else
                          f'-> {backend} backend ({with_norms} for models with Group/LayerNorm)')
         except ValueError:
-            parts.append(f'-> unusable (no {_LOW_NAMES[dtype]} kernels)')
-        rows.append((_LOW_NAMES[dtype], ', '.join(parts)))
+            parts.append(f'-> unusable (no {LOW_NAMES[dtype]} kernels)')
+        rows.append((LOW_NAMES[dtype], ', '.join(parts)))
     return rows
 
 
 _NORMS_MODEL = torch.nn.GroupNorm(1, 1)
 
 
-# =============================================================================
-# Native or emulated: does the hardware compute in the dtype, or does torch
-# convert to float32 and back? A capability table first (CUDA compute
-# capability, the CPU's ISA flags, MPS); where it cannot tell, a short timed
-# matrix product in the dtype against float32 (speed_probe), once per process.
-# =============================================================================
+# Native or emulated: a capability table first (CUDA compute capability, the CPU's ISA
+# flags, MPS); where it cannot tell, a short timed matrix product (speed_probe).
 
 #: The answers of :func:`precision_level`, best first.
 LEVELS = ('native', 'emulated', 'unsupported')
@@ -298,12 +184,7 @@ _cpu_flags: list = []
 
 
 def cpu_isa_flags() -> frozenset:
-    """The CPU's ISA flags as ``/proc/cpuinfo`` lists them (empty where it cannot be read).
-
-    Example:
-        >>> isinstance(cpu_isa_flags(), frozenset)
-        True
-    """
+    """The CPU's ISA flags as ``/proc/cpuinfo`` lists them (empty where it cannot be read)."""
     if not _cpu_flags:
         flags: frozenset = frozenset()
         try:
@@ -321,20 +202,11 @@ def cpu_isa_flags() -> frozenset:
 
 def table_level(device_type: str, dtype: torch.dtype, index: Optional[int] = None
                 ) -> Optional[str]:
-    """What the capability table says about ``dtype`` on the device (None: it cannot tell).
-
-    ``'unsupported'`` where torch has no kernels (:func:`kernels_support`);
-    CUDA by compute capability (ROCm: None), the CPU by its ISA flags, MPS
-    natively in both where the kernels exist; other devices: None.
-
-    Example:
-        >>> table_level('cpu', torch.bfloat16) in (None, 'native', 'emulated')
-        True
-    """
+    """What the capability table says of ``dtype`` on the device (None: it cannot tell)."""
     if not kernels_support(device_type, dtype):
         return 'unsupported'
     if device_type == 'cuda':
-        if getattr(torch.version, 'hip', None):
+        if torch.version.hip:
             return None
         capability = tuple(torch.cuda.get_device_capability(index))
         if capability >= _CUDA_NATIVE[dtype]:
@@ -352,15 +224,7 @@ def table_level(device_type: str, dtype: torch.dtype, index: Optional[int] = Non
 
 
 def speed_probe(device_type: str, dtype: torch.dtype, index: Optional[int] = None) -> str:
-    """Time a matrix product in ``dtype`` against float32: ``'native'`` when clearly faster.
-
-    A few milliseconds: warm-up first, then the best of three runs of each.
-    Tests replace it (``precision_level(..., probe=...)`` or by patching).
-
-    Example:
-        >>> speed_probe('cpu', torch.bfloat16) in ('native', 'emulated')
-        True
-    """
+    """``'native'`` where a timed matrix product in ``dtype`` clearly beats float32."""
     import time
 
     device = torch.device(device_type, index) if index is not None else torch.device(
@@ -384,16 +248,7 @@ def speed_probe(device_type: str, dtype: torch.dtype, index: Optional[int] = Non
 
 def precision_level(device_type: str, dtype: torch.dtype, index: Optional[int] = None,
                     probe: Optional[Any] = None) -> str:
-    """``'native'``, ``'emulated'`` or ``'unsupported'`` for ``dtype`` on one device.
-
-    The table (:func:`table_level`) decides where it can; otherwise the probe
-    (``probe(device_type, dtype, index)``, default :func:`speed_probe`) runs,
-    once per process per device and dtype unless a probe is passed in.
-
-    Example:
-        >>> precision_level('cpu', torch.float16, probe=lambda *a: 'emulated') in LEVELS
-        True
-    """
+    """``'native'``, ``'emulated'`` or ``'unsupported'``: the table, else the probe (once)."""
     level = table_level(device_type, dtype, index)
     if level is not None:
         return level
@@ -409,12 +264,7 @@ def precision_level(device_type: str, dtype: torch.dtype, index: Optional[int] =
 
 
 def best_device_type() -> str:
-    """The device a run picks when none is named: cuda, then mps, then xpu, then cpu.
-
-    Example:
-        >>> best_device_type() in ('cuda', 'mps', 'xpu', 'cpu')
-        True
-    """
+    """The device a run picks when none is named: cuda, then mps, then xpu, then cpu."""
     for kind in ('cuda', 'mps', 'xpu'):
         if device_present(kind):
             return kind

@@ -1,14 +1,4 @@
-"""Stand-ins for what older torch lacks: keyword-aware forward hooks and pre-hooks,
-foreach copies, clipping without ``foreach``.
-
-Example:
-    >>> import torch
-    >>> from fp16utils._torch.compat import foreach_copy_
-    >>> dst = [torch.zeros(2)]
-    >>> foreach_copy_(dst, [torch.ones(2)])
-    >>> dst[0].tolist()
-    [1.0, 1.0]
-"""
+"""Keyword-aware forward hooks (torch >= 2.0), foreach copies and clipping on torch 1.13 too."""
 
 from __future__ import annotations
 
@@ -19,21 +9,12 @@ import torch
 
 
 def forward_pre_hook_takes_kwargs() -> bool:
-    """Whether ``register_forward_pre_hook`` takes ``with_kwargs`` (keyword arguments).
-
-    Example:
-        >>> isinstance(forward_pre_hook_takes_kwargs(), bool)
-        True
-    """
+    """Whether ``register_forward_pre_hook`` takes ``with_kwargs``."""
     return _PRE_HOOK_KWARGS
 
 
 class _ForwardPatch:
-    """A forward pre-hook that sees keyword arguments, where torch has none such.
-
-    The module's forward is wrapped by an instance attribute (what ``nn.Module``
-    calls), and :meth:`remove` puts back what was there.
-    """
+    """A forward pre-hook that sees keyword arguments: the forward wrapped until ``remove()``."""
 
     __slots__ = ('module', 'previous')
 
@@ -61,26 +42,7 @@ class _ForwardPatch:
 
 def register_forward_pre_hook_with_kwargs(
         module: torch.nn.Module, hook: Callable[[Any, tuple, dict], Any]) -> Any:
-    """``module.register_forward_pre_hook(hook, with_kwargs=True)`` on any torch.
-
-    Where torch lacks ``with_kwargs`` the module's forward is wrapped instead
-    (undone by the handle's ``remove()``).
-
-    Args:
-        module: The module.
-        hook: ``hook(module, args, kwargs)`` returning None or ``(args, kwargs)``.
-
-    Returns:
-        A handle with ``remove()``.
-
-    Example:
-        >>> m = torch.nn.Identity()
-        >>> h = register_forward_pre_hook_with_kwargs(m, lambda mod, a, k: ((a[0] * 2,), k))
-        >>> m(torch.ones(1)).item()
-        2.0
-        >>> h.remove(); m(torch.ones(1)).item()
-        1.0
-    """
+    """``module.register_forward_pre_hook(hook, with_kwargs=True)``, else a wrapped forward."""
     if _PRE_HOOK_KWARGS:
         return module.register_forward_pre_hook(hook, with_kwargs=True)
     return _ForwardPatch(module, hook)
@@ -88,38 +50,14 @@ def register_forward_pre_hook_with_kwargs(
 
 def register_forward_hook_with_kwargs(
         module: torch.nn.Module, hook: Callable[[Any, tuple, Any, Any], Any]) -> Any:
-    """``module.register_forward_hook(hook, with_kwargs=True)`` on any torch.
-
-    Where torch lacks ``with_kwargs`` (torch < 2.0) the hook is registered
-    without it and is called with ``kwargs=None``.
-
-    Args:
-        module: The module.
-        hook: ``hook(module, args, kwargs, output)``.
-
-    Returns:
-        A handle with ``remove()``.
-
-    Example:
-        >>> seen = []
-        >>> m = torch.nn.Identity()
-        >>> h = register_forward_hook_with_kwargs(m, lambda mod, a, k, o: seen.append(o.item()))
-        >>> _ = m(torch.ones(1)); h.remove(); _ = m(torch.ones(1)); seen
-        [1.0]
-    """
+    """``module.register_forward_hook(hook, with_kwargs=True)``; torch 1.13 passes kwargs=None."""
     if _HOOK_KWARGS:
         return module.register_forward_hook(hook, with_kwargs=True)
     return module.register_forward_hook(lambda m, a, o: hook(m, a, None, o))
 
 
 def foreach_copy_(dst: Sequence[torch.Tensor], src: Sequence[torch.Tensor]) -> None:
-    """``dst[i].copy_(src[i])`` for all i, one fused kernel where torch has it.
-
-    Example:
-        >>> a = [torch.zeros(2)]
-        >>> foreach_copy_(a, [torch.ones(2)]); a[0].tolist()
-        [1.0, 1.0]
-    """
+    """``dst[i].copy_(src[i])`` for all i, one fused kernel where torch has it."""
     if _foreach_copy is not None:
         _foreach_copy(dst, src)
         return
@@ -128,26 +66,12 @@ def foreach_copy_(dst: Sequence[torch.Tensor], src: Sequence[torch.Tensor]) -> N
 
 
 def clip_grad_norm_(parameters: Any, **kwargs: Any) -> torch.Tensor:
-    """``torch.nn.utils.clip_grad_norm_``, leaving out arguments this torch lacks.
-
-    ``foreach`` (a speed hint) is dropped where the function does not take it.
-
-    Example:
-        >>> p = torch.nn.Parameter(torch.ones(4)); p.grad = torch.ones(4)
-        >>> float(clip_grad_norm_([p], max_norm=1.0, foreach=None))
-        2.0
-    """
+    """``torch.nn.utils.clip_grad_norm_`` without ``foreach`` where torch lacks it."""
     return _clip_norm(parameters, **_known(kwargs, _CLIP_NORM_ARGS))
 
 
 def clip_grad_value_(parameters: Any, **kwargs: Any) -> None:
-    """``torch.nn.utils.clip_grad_value_``, leaving out arguments this torch lacks.
-
-    Example:
-        >>> p = torch.nn.Parameter(torch.ones(1)); p.grad = torch.full((1,), 5.0)
-        >>> clip_grad_value_([p], clip_value=1.0, foreach=None); p.grad.item()
-        1.0
-    """
+    """``torch.nn.utils.clip_grad_value_`` without ``foreach`` where torch lacks it."""
     _clip_value(parameters, **_known(kwargs, _CLIP_VALUE_ARGS))
 
 

@@ -1,20 +1,8 @@
 """The answers a ``torch.compile`` trace reads, decided before any trace runs.
 
-Dynamo cannot trace a capability probe (it enters an autocast and silences
-torch's warnings) nor should a trace read the environment, so the decorators'
-per-call questions are answered eagerly: the default backend and native AMP
-when :mod:`fp16utils._torch` is imported (and by ``refresh()``), autocast per
-dtype on the CPU (and on devices whose runtime is already up) at import, and
-on a model's device where :func:`fp16utils.wrap_fp16_model`, ``keep_fp32``,
-the optimizer wrappers and the hooks are built. A trace that still meets a
-pair nobody asked about lets ``torch.autocast`` decide, and keeps nothing.
-
-Example:
-    >>> import torch
-    >>> from fp16utils._torch import decisions as warm
-    >>> warm.warm_device('cpu')
-    >>> warm.decided('cpu', torch.bfloat16)
-    True
+The default backend, native AMP and CPU autocast per dtype are decided at import and
+by :func:`refresh`; a model's device where the wrappers, hooks and ``wrap_fp16_model``
+are built. A trace that meets an unasked pair lets ``torch.autocast`` decide.
 """
 
 from __future__ import annotations
@@ -22,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from .autocast import autocast_supports
-from .dtypes import _LOW_PRECISION
+from .dtypes import LOW_PRECISION
 from .probes import known_answer
 from .versions import _decide_default, forget, has_native_amp
 
@@ -33,14 +21,7 @@ _RUNTIMES = ('cuda', 'xpu', 'mtia')
 
 
 def decide() -> None:
-    """Decide native AMP and the default backend now (the environment is read here).
-
-    An environment that names no backend is kept as the error that
-    ``default_backend()`` raises where it is asked.
-
-    Example:
-        >>> decide()
-    """
+    """Decide native AMP and the default backend (a bad environment raises where it is asked)."""
     has_native_amp()
     try:
         _decide_default()
@@ -49,55 +30,24 @@ def decide() -> None:
 
 
 def refresh() -> None:
-    """Decide again what depends on ``TORCH_VERSION`` and the environment.
-
-    Call it after patching either (``fp16utils._torch.versions.TORCH_VERSION``,
-    ``FP16UTILS_BACKEND``); it reads them now (eagerly, so that a
-    ``torch.compile`` trace never has to). The capability probes describe the
-    installed torch and are kept.
-
-    Example:
-        >>> refresh()
-    """
+    """Decide again what depends on ``versions.TORCH_VERSION`` and the environment (probes kept)."""
     forget()
     decide()
 
 
 def decided(device_type: str, dtype: torch.dtype) -> bool:
-    """Whether autocast's support of ``dtype`` on the device is already known.
-
-    Example:
-        >>> decided('cpu', torch.float16)
-        True
-    """
+    """Whether autocast's support of ``dtype`` on the device is already known."""
     return known_answer('autocast', device_type, dtype) is not None
 
 
 def warm_device(device_type: str) -> None:
-    """Probe autocast for float16 and bfloat16 on one device type (once each).
-
-    Entering and leaving an autocast per dtype: microseconds, no kernel runs.
-
-    Args:
-        device_type: ``'cpu'``, ``'cuda'``, ...
-
-    Example:
-        >>> warm_device('cpu')
-    """
-    for dtype in _LOW_PRECISION:
+    """Probe autocast for float16 and bfloat16 on one device type (once each)."""
+    for dtype in LOW_PRECISION:
         autocast_supports(device_type, dtype)
 
 
 def warm_at_import() -> None:
-    """Decide the backend, native AMP and the CPU's autocast support now.
-
-    A device runtime that is already initialised (CUDA after the model was
-    moved there, say) is probed too; none is initialised here (a CUDA context
-    costs memory and seconds, and a forked worker could not use it).
-
-    Example:
-        >>> warm_at_import()
-    """
+    """Decide the backend and CPU autocast eagerly; probe runtimes already up (start none)."""
     decide()
     warm_device('cpu')
     for name in _RUNTIMES:

@@ -1,9 +1,4 @@
-"""The low-precision dtypes: their names, and which of them needs loss scaling.
-
-Example:
-    >>> resolve_dtype('bf16'), needs_loss_scaling(torch.float16)
-    (torch.bfloat16, True)
-"""
+"""The low-precision dtypes, their names, and which of them needs loss scaling."""
 
 from __future__ import annotations
 
@@ -11,12 +6,12 @@ from typing import Any
 
 import torch
 
-__all__ = ['needs_loss_scaling', 'resolve_dtype']
+__all__ = ['LOW_NAMES', 'LOW_PRECISION', 'needs_loss_scaling', 'resolve_dtype']
 
 #: The low-precision dtypes fp16utils trains in.
-_LOW_PRECISION = (torch.float16, torch.bfloat16)
+LOW_PRECISION = (torch.float16, torch.bfloat16)
 #: Their short names, as messages and tables show them.
-_LOW_NAMES = {torch.float16: 'float16', torch.bfloat16: 'bfloat16'}
+LOW_NAMES = {torch.float16: 'float16', torch.bfloat16: 'bfloat16'}
 _DTYPE_NAMES = {
     'float16': torch.float16,
     'fp16': torch.float16,
@@ -24,33 +19,22 @@ _DTYPE_NAMES = {
     'bfloat16': torch.bfloat16,
     'bf16': torch.bfloat16,
 }
+#: What ``resolve_dtype(..., full_precision=True)`` takes besides them.
+_FULL_NAMES = {'float32': torch.float32, 'float64': torch.float64}
 
 
-def resolve_dtype(dtype: Any, default: torch.dtype = torch.float16) -> torch.dtype:
-    """Normalise a low-precision dtype given as a torch dtype or a name.
-
-    Args:
-        dtype: ``torch.float16``, ``torch.bfloat16``, one of the names
-            ``'float16' 'fp16' 'half' 'bfloat16' 'bf16'``, or None.
-        default: Returned when ``dtype`` is None.
-
-    Returns:
-        ``torch.float16`` or ``torch.bfloat16``.
-
-    Raises:
-        ValueError: For any other dtype.
-
-    Example:
-        >>> resolve_dtype('bf16')
-        torch.bfloat16
-    """
+def resolve_dtype(dtype: Any, default: torch.dtype = torch.float16,
+                  full_precision: bool = False) -> torch.dtype:
+    """A dtype or its name (``'bf16'``): low precision, or also float32/64 if ``full_precision``."""
     if dtype is None:
         return default
     if isinstance(dtype, str):
         key = dtype.lower().replace('torch.', '')
         if key in _DTYPE_NAMES:
             return _DTYPE_NAMES[key]
-    elif dtype in _LOW_PRECISION:
+        if full_precision and key in _FULL_NAMES:
+            return _FULL_NAMES[key]
+    elif dtype in LOW_PRECISION or (full_precision and dtype in _FULL_NAMES.values()):
         return dtype
     raise ValueError(
         f'Unsupported low-precision dtype {dtype!r}; expected torch.float16 or '
@@ -58,10 +42,5 @@ def resolve_dtype(dtype: Any, default: torch.dtype = torch.float16) -> torch.dty
 
 
 def needs_loss_scaling(dtype: torch.dtype) -> bool:
-    """Whether gradients in ``dtype`` need loss scaling (only float16 does).
-
-    Example:
-        >>> needs_loss_scaling(torch.bfloat16)
-        False
-    """
+    """Whether gradients in ``dtype`` need loss scaling (only float16 does)."""
     return dtype == torch.float16

@@ -1,9 +1,4 @@
-"""Building a GradScaler for a device type, on any torch that has one.
-
-Example:
-    >>> make_grad_scaler('cpu', init_scale=8.0).get_scale()
-    8.0
-"""
+"""Building a GradScaler for a device type, on any supported torch."""
 
 from __future__ import annotations
 
@@ -16,31 +11,14 @@ __all__ = ['make_grad_scaler']
 
 #: ``torch.amp.GradScaler`` (torch >= 2.3, any device); None where only
 #: ``torch.cuda.amp.GradScaler`` exists. Tests patch it.
-_AMP_GRAD_SCALER = getattr(getattr(torch, 'amp', None), 'GradScaler', None)
+_AMP_GRAD_SCALER = getattr(torch.amp, 'GradScaler', None)
 
 
 def make_grad_scaler(device_type: str = 'cuda', *, init_scale: float = 2.0**16,
                      growth_factor: float = 2.0, backoff_factor: float = 0.5,
                      growth_interval: int = 2000,
                      enabled: bool = True) -> torch.amp.GradScaler:
-    """Build a ``torch.amp.GradScaler`` for a device type.
-
-    Args:
-        device_type: The device the gradients live on.
-        init_scale: Initial scale.
-        growth_factor: Factor applied after ``growth_interval`` clean steps.
-        backoff_factor: Factor applied on overflow.
-        growth_interval: Clean steps between growths.
-        enabled: False gives a pass-through scaler.
-
-    Returns:
-        A GradScaler.
-
-    Example:
-        >>> scaler = make_grad_scaler('cuda', init_scale=512.0, enabled=False)
-        >>> scaler.scale(torch.tensor(3.0)).item()  # disabled: a pass-through, any device
-        3.0
-    """
+    """A GradScaler for ``device_type``; a disabled one passes losses through on any device."""
     if not has_native_amp():
         raise RuntimeError(
             f'torch {_versions.TORCH_VERSION} has no native GradScaler; use the legacy backend '

@@ -1,17 +1,4 @@
-"""A model's device type, and the model inside a DataParallel / DistributedDataParallel.
-
-The one place that answers both, for the decorators, ``wrap_fp16_model``, the
-optimizer wrappers, the builders and the MMEngine plug-in.
-
-Example:
-    >>> import torch
-    >>> from torch import nn
-    >>> module_device_type(nn.Linear(1, 1)), module_device_type(nn.ReLU())
-    ('cpu', 'cpu')
-    >>> inner = nn.Linear(1, 1)
-    >>> unwrap_model(nn.DataParallel(inner)) is inner
-    True
-"""
+"""A model's device type, the model inside a DataParallel/DDP, weak cache references."""
 
 from __future__ import annotations
 
@@ -29,23 +16,17 @@ __all__ = ['BatchNormBase', 'InstanceNormBase', 'TensorPath', 'has_no_sync',
            'module_device_type', 'unwrap_model']
 
 #: The base class of every BatchNorm layer (``BatchNorm1d/2d/3d``, ``SyncBatchNorm``,
-#: lazy ones): torch's private ``torch.nn.modules.batchnorm._BatchNorm``; where it is
-#: missing, ``BatchNorm1d``'s own base class.
-BatchNormBase: type = getattr(_batchnorm, '_BatchNorm', nn.BatchNorm1d.__mro__[1])
-#: The base class of every InstanceNorm layer: torch's private
-#: ``torch.nn.modules.instancenorm._InstanceNorm``; else ``InstanceNorm1d``'s base class.
-InstanceNormBase: type = getattr(_instancenorm, '_InstanceNorm', nn.InstanceNorm1d.__mro__[1])
+#: lazy ones): torch's private ``_BatchNorm``.
+BatchNormBase: type = _batchnorm._BatchNorm
+#: The base class of every InstanceNorm layer: torch's private ``_InstanceNorm``.
+InstanceNormBase: type = _instancenorm._InstanceNorm
 
 def _dead() -> None:
     return None
 
 
 class CacheRef(weakref.ref):
-    """A ``weakref.ref`` for a cache: pickled or deep-copied, it comes back as None.
-
-    A plain ``weakref.ref`` cannot be pickled; a copy of this one comes back dead,
-    so its owner recomputes what it had cached and never drags the original along.
-    """
+    """A ``weakref.ref`` for a cache: pickled or deep-copied, it comes back as None."""
 
     __slots__ = ()
 
@@ -62,19 +43,7 @@ _MISSING = object()
 
 
 class TensorPath:
-    """Where a model's first tensor lives (weakly): a cache for :func:`module_device_type`.
-
-    Holds the model, the submodule that owns the tensor and its name, never
-    the tensor, so ``model.to(...)``, parameters replaced by
-    ``load_state_dict(..., assign=True)`` and swapped modules are seen. Pickled
-    or deep-copied, it comes back empty (see :class:`CacheRef`).
-
-    Example:
-        >>> from torch import nn
-        >>> path, model = TensorPath(), nn.Linear(1, 1)
-        >>> module_device_type(model, cache=path), path.name
-        ('cpu', 'weight')
-    """
+    """Where a model's first tensor lives, held weakly: the cache of :func:`module_device_type`."""
 
     def __init__(self) -> None:
         self.model: Optional[CacheRef] = None
@@ -99,17 +68,7 @@ class TensorPath:
 
 
 def own_tensor(module: nn.Module, name: str) -> Optional[torch.Tensor]:
-    """``module``'s own parameter (else buffer) called ``name``; None if it has none.
-
-    Reads ``nn.Module``'s private ``_parameters`` / ``_buffers`` dicts (one
-    dict read, no ``__getattr__`` miss); where a module lacks them, its
-    ``named_parameters`` / ``named_buffers`` (``recurse=False``).
-
-    Example:
-        >>> from torch import nn
-        >>> own_tensor(nn.BatchNorm1d(2), 'running_mean').tolist()
-        [0.0, 0.0]
-    """
+    """``module``'s own parameter (else buffer) called ``name``, or None: one private dict read."""
     params = getattr(module, '_parameters', _MISSING)
     buffers = getattr(module, '_buffers', _MISSING)
     if params is _MISSING or buffers is _MISSING:
@@ -134,29 +93,7 @@ def _first_tensor(model: nn.Module) -> Iterator[Tuple[nn.Module, str, torch.Tens
 
 def module_device_type(model: Any, default: Optional[str] = 'cpu', *,
                        cache: Optional[TensorPath] = None) -> Optional[str]:
-    """The device type of a module's first parameter, else of its first buffer.
-
-    The first in ``model.parameters()`` / ``model.buffers()`` order; a meta
-    tensor gives ``'meta'``.
-
-    Args:
-        model: An ``nn.Module`` (anything else gives ``default``).
-        default: What a module without parameters or buffers gives.
-        cache: A :class:`TensorPath` that keeps the way to that tensor, so later
-            calls with the same model read one tensor instead of walking the
-            modules (not used inside a ``torch.compile`` trace: dynamo cannot
-            trace weak references everywhere, and the graph keeps the answer).
-
-    Returns:
-        ``'cpu'``, ``'cuda'``, ``'meta'``, ...; ``default`` when there is no tensor.
-
-    Example:
-        >>> from torch import nn
-        >>> module_device_type(nn.Linear(1, 1, device='meta'))
-        'meta'
-        >>> module_device_type(nn.ReLU(), None) is None
-        True
-    """
+    """The device type of ``model``'s first parameter, else buffer, else ``default``."""
     if not isinstance(model, nn.Module):
         return default
     if cache is None:
@@ -178,40 +115,14 @@ def module_device_type(model: Any, default: Optional[str] = 'cpu', *,
 
 
 def unwrap_model(model: Any, *, any_wrapper: bool = False) -> Any:
-    """The model inside a DataParallel / DistributedDataParallel (one level), else ``model``.
-
-    Args:
-        model: A model, wrapped or not.
-        any_wrapper: Also look through anything else that has a ``module``
-            attribute (MMEngine's model wrappers, ``MMDistributedDataParallel``
-            and the like, as MMEngine's optimizer constructors see them).
-
-    Returns:
-        ``model.module`` for a wrapper, else ``model`` itself.
-
-    Example:
-        >>> from torch import nn
-        >>> net = nn.Linear(1, 1)
-        >>> unwrap_model(net) is net, unwrap_model(nn.DataParallel(net)) is net
-        (True, True)
-    """
+    """The model inside DataParallel/DDP (``any_wrapper``: any ``module``), else ``model``."""
     if any_wrapper:
         return getattr(model, 'module', model)
     return model.module if isinstance(model, PARALLEL_WRAPPERS) else model
 
 
 def has_no_sync(model: Any) -> bool:
-    """``hasattr(model, 'no_sync')``, without nn.Module's slow ``__getattr__`` miss.
-
-    A class that defines ``no_sync`` (DDP, FSDP, mmcv's wrappers) answers at once; a
-    module whose ``__getattr__`` is nn.Module's own can only add parameters, buffers and
-    submodules there, none of which is a ``no_sync`` method, so it has none.
-
-    Example:
-        >>> from torch import nn
-        >>> has_no_sync(nn.Linear(1, 1))
-        False
-    """
+    """``hasattr(model, 'no_sync')``, without nn.Module's slow ``__getattr__`` miss."""
     cls = type(model)
     if getattr(cls, 'no_sync', None) is not None:
         return True

@@ -1,13 +1,4 @@
-"""Trying a thing once per process: the probe cache, and which devices are present.
-
-What the installed torch can do is found by trying it once per process (see
-the capability rules in :mod:`fp16utils._torch.caps`); never inside a dynamo
-trace (there a probe answers "cannot" and keeps nothing).
-
-Example:
-    >>> device_present('cpu')
-    True
-"""
+"""The once-per-process probe cache (never filled inside a dynamo trace); devices present."""
 
 from __future__ import annotations
 
@@ -21,20 +12,15 @@ from .tracing import is_compiling as _is_compiling
 
 __all__ = ['device_present']
 
-_disable_current_modes = getattr(getattr(torch.utils, '_python_dispatch', None),
-                                 '_disable_current_modes', None)
+_disable_current_modes = getattr(torch.utils._python_dispatch, '_disable_current_modes', None)
 
 #: (kind, device type, dtype or class) -> what the probe answered. Tests fill it in.
 _probe_cache: dict[tuple[str, str, Any], bool] = {}
 
 
 def known_answer(kind: str, device_type: str, dtype: Any) -> Optional[bool]:
-    """What the probe of this key answered, or None when it has not run.
-
-    The other modules read the cache only through here: torch 2.4's dynamo fails
-    (``DictGuardManager does not support a leaf_guard``) when one trace reaches one
-    dict through two modules' globals.
-    """
+    """What the probe of this key answered, or None when it has not run."""
+    # The only reader: torch 2.4's dynamo fails when a trace reaches one dict via two modules.
     return _probe_cache.get((kind, device_type, dtype))
 
 
@@ -50,11 +36,7 @@ def _run_probe(probe: Callable[[], bool]) -> bool:
 
 def _cached_probe(kind: str, device_type: str, dtype: Any,
                   probe: Callable[[], bool]) -> bool:
-    """``probe()`` once per key (an exception means False); never inside a trace.
-
-    Under a dispatch mode (``FakeTensorMode``: every operation "works") the probe
-    runs on real tensors, with the modes set aside.
-    """
+    """``probe()`` once per key, never inside a trace; under a dispatch mode, on real tensors."""
     key = (kind, device_type, dtype)
     ok = _probe_cache.get(key)
     if ok is None:
@@ -72,19 +54,13 @@ def _cached_probe(kind: str, device_type: str, dtype: Any,
 
 
 def device_present(device_type: str) -> bool:
-    """Whether a device of this type is usable here (``'cpu'`` always is).
-
-    Example:
-        >>> device_present('cpu')
-        True
-    """
+    """Whether a device of this type is usable here (``'cpu'`` always is)."""
     if device_type in ('cpu', 'meta'):
         return True
     if device_type == 'cuda':
         return torch.cuda.is_available()
     if device_type == 'mps':
-        mps = getattr(torch.backends, 'mps', None)
-        return bool(mps is not None and mps.is_available())
+        return torch.backends.mps.is_available()
     module = getattr(torch, device_type, None)
     is_available = getattr(module, 'is_available', None)
     if is_available is None:

@@ -1,13 +1,7 @@
 """The torch version and the backend it implies: native AMP or the legacy emulation.
 
-Tests simulate an old torch by patching :data:`TORCH_VERSION` here (and calling
-:func:`fp16utils._torch.refresh`); nothing else in the package compares versions.
-
-Example:
-    >>> digit_version('1.6.0') > digit_version('1.5.1')
-    True
-    >>> resolve_backend('legacy')
-    'legacy'
+Tests simulate an old torch by patching :data:`TORCH_VERSION` and calling
+``decisions.refresh()``; nothing else in the package compares versions.
 """
 
 from __future__ import annotations
@@ -90,8 +84,8 @@ def has_native_amp(version: str | None = None) -> bool:
         True when ``torch.autocast`` style AMP is available.
 
     Example:
-        >>> has_native_amp('1.5.0')
-        False
+        >>> has_native_amp('1.5.0'), has_native_amp('1.13.1')
+        (False, True)
     """
     version = TORCH_VERSION if version is None else version
     cached = _native_cache.get(version)
@@ -105,23 +99,7 @@ def has_native_amp(version: str | None = None) -> bool:
 
 
 def resolve_backend(backend: str | None = None) -> str:
-    """Pick the backend: an explicit argument, else the process default.
-
-    Args:
-        backend: ``'native'``, ``'legacy'`` or None for the default (see
-            :func:`default_backend`).
-
-    Returns:
-        ``'native'`` or ``'legacy'``.
-
-    Raises:
-        ValueError: For an unknown name, or ``'native'`` on a torch without
-            native AMP.
-
-    Example:
-        >>> resolve_backend('native') in ('native', 'legacy')
-        True
-    """
+    """``backend`` checked (unknown, or native without AMP: ValueError); None: the default."""
     if backend is None:
         return default_backend()
     if backend not in BACKENDS:
@@ -136,25 +114,7 @@ def resolve_backend(backend: str | None = None) -> str:
 
 
 def default_backend() -> str:
-    """The process-wide backend: env ``FP16UTILS_BACKEND``, else by torch version.
-
-    Decided when :mod:`fp16utils._torch` is imported and again by
-    ``fp16utils._torch.refresh()``, so a ``torch.compile`` trace only reads the
-    answer; call ``refresh()`` after changing the environment (or
-    :data:`TORCH_VERSION`) at run time.
-
-    Returns:
-        ``'native'`` when torch has native AMP (and the environment does not ask
-        for ``'legacy'``), else ``'legacy'``.
-
-    Raises:
-        ValueError: When ``FP16UTILS_BACKEND`` names no backend (or asks for
-            ``'native'`` on a torch without native AMP).
-
-    Example:
-        >>> default_backend() in ('native', 'legacy')
-        True
-    """
+    """The process-wide backend: env ``FP16UTILS_BACKEND``, else the one torch's version implies."""
     backend = _default
     if backend is not None:
         return backend
@@ -187,12 +147,7 @@ def _decide_default() -> str:
 
 
 def backend_reason() -> str:
-    """Explain in one sentence why :func:`default_backend` chose what it did.
-
-    Example:
-        >>> isinstance(backend_reason(), str)
-        True
-    """
+    """Why :func:`default_backend` chose what it did, in one sentence."""
     env = os.environ.get(BACKEND_ENV)
     if env:
         return f'{BACKEND_ENV}={env} is set in the environment'
@@ -202,12 +157,7 @@ def backend_reason() -> str:
 
 
 def forget() -> None:
-    """Forget the default backend and the native-AMP answers (``refresh()`` decides them again).
-
-    Example:
-        >>> forget(); default_backend() in BACKENDS
-        True
-    """
+    """Forget the default backend and the native-AMP answers (``refresh()`` decides them again)."""
     global _default, _default_error
     _default = _default_error = None
     _native_cache.clear()

@@ -1,18 +1,8 @@
-"""The base step engine: float32 steps, the records, and the resume sequence.
-
-Example:
-    >>> import torch
-    >>> p = torch.nn.Parameter(torch.ones(2))
-    >>> engine = StepEngine()
-    >>> engine.backward(p.sum())
-    >>> engine.step(torch.optim.SGD([p], lr=1.0), step=1, kwargs={})
-    False
-    >>> p.tolist()
-    [0.0, 0.0]
-"""
+"""The base step engine (float32: backward, clip, step), its step state, the resume sequence."""
 
 from __future__ import annotations
 
+import enum
 import logging
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
@@ -25,34 +15,22 @@ from ..scaler import non_finite_check_
 from . import ranks
 from .checks import check_tensors, read_pending_window
 
-__all__ = ['Clip', 'ResumeState', 'StepEngine', 'check_pending', 'flat_params',
+__all__ = ['Clip', 'ResumeState', 'StepEngine', 'StepState', 'check_pending', 'flat_params',
            'pending_grads', 'resume_state_from_meta']
 
-logger = logging.getLogger('fp16utils')
+_logger = logging.getLogger('fp16utils')
 
 _Tensor = torch.Tensor
 Clip = Tuple[str, Dict[str, Any]]
 
 
 def flat_params(optimizer: torch.optim.Optimizer) -> List[_Tensor]:
-    """Every parameter of ``optimizer``'s param groups, in order.
-
-    Example:
-        >>> p = torch.nn.Parameter(torch.ones(1))
-        >>> flat_params(torch.optim.SGD([p], lr=1.0)) == [p]
-        True
-    """
+    """Every parameter of ``optimizer``'s param groups, in order."""
     return [p for group in optimizer.param_groups for p in group['params']]
 
 
 def optimizer_device_type(optimizer: Any) -> str:
-    """Where ``optimizer``'s first parameter lives; ``'cpu'`` when it has none (or no
-    optimizer is given yet): with no parameter there is nothing to step.
-
-    Example:
-        >>> optimizer_device_type(torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=1.0))
-        'cpu'
-    """
+    """The device type of ``optimizer``'s first parameter; ``'cpu'`` without one."""
     params = [] if optimizer is None else flat_params(optimizer)
     return params[0].device.type if params else 'cpu'
 
@@ -71,7 +49,6 @@ def _dense_grads(params: List[Any]) -> List[_Tensor]:
 
 
 def _clip(params: List[_Tensor], clip: Clip) -> Optional[_Tensor]:
-    """Clip the gradients of ``params``; return the total norm (norm clipping) or None."""
     kind, kwargs = clip
     if kind == 'norm':
         return compat.clip_grad_norm_(params, **kwargs)
@@ -111,21 +88,8 @@ class ResumeState(NamedTuple):
 
 def resume_state_from_meta(meta: Any, step: int, owner: str
                            ) -> Tuple[Dict[str, Any], ResumeState]:
-    """Read what the 0.x hooks keep in ``runner.meta['fp16']``; raise when it is malformed.
-
-    Args:
-        meta: ``runner.meta`` (a dict or None).
-        step: The iteration the run resumes at: a pending window saved for
-            another iteration is left out.
-        owner: Who resumes, for error messages.
-
-    Returns:
-        ``runner.meta['fp16']`` (an empty dict when absent) and what it holds.
-
-    Example:
-        >>> resume_state_from_meta(None, 0, 'hook')
-        ({}, ResumeState(scaler=None, stats=None, masters=None, pending=None))
-    """
+    """``runner.meta['fp16']`` (``{}`` when absent) and what it holds; a pending window
+    saved for an iteration other than ``step`` is left out."""
     if meta is not None and not isinstance(meta, Mapping):
         raise TypeError(f'{owner}: runner.meta must be a dict or None, got '
                         f'{type(meta).__name__} {meta!r}.')
@@ -145,46 +109,59 @@ def resume_state_from_meta(meta: Any, step: int, owner: str
                                   fp16_meta.get('master_params'), grads)
 
 
+class StepState(enum.Enum):
+    """Where the gradients in place stand: a step moves them READY -> UNSCALED -> APPLIED
+    or STEPPED -> READY; an iteration that raised leaves them SPENT until discarded."""
+
+    READY = 'ready'  #: usable: a backward adds to them, a step may take them
+    UNSCALED = 'unscaled'  #: a step under way unscaled or clipped them in place
+    APPLIED = 'applied'  #: the optimizer applied them; the scale's growth count stays
+    STEPPED = 'stepped'  #: the optimizer applied them; a dynamic scale counts a clean step
+    SPENT = 'spent'  #: an iteration raised after its backward began: discard them first
+
+    @property
+    def applied(self) -> bool:
+        return self is StepState.APPLIED or self is StepState.STEPPED
+
+
+#: The moves a step makes; any state may go to READY (returned, cleared) or SPENT (raised).
+_STEP_MOVES = {
+    StepState.READY: (StepState.UNSCALED, StepState.APPLIED, StepState.STEPPED),
+    StepState.UNSCALED: (StepState.APPLIED, StepState.STEPPED),
+}
+
+
 class StepEngine:
-    """Float32 steps: backward, clip, step. The base engine, with no-op defaults.
-
-    Args:
-        clip: A parsed ``clip_grad`` (see :func:`fp16utils._args.spec.parse_clip_grad`).
-        nonfinite: What to do with an inf/nan gradient (``'ignore'``: apply it).
-
-    Attributes:
-        grad_norm: The total norm of the last norm-clipped step (a 0-dim tensor).
-        clip_params: What to clip (None: the optimizer's parameters).
-        clip_fn: Clips instead of the configured clipping when set (a 0.x hook's
-            overridden ``clip_grads(params)``); returns the total norm or None.
-        logger: Where skipped steps are reported (anything with ``warning(str)``).
-        agree_across_ranks: Whether ranks agree on a skip (see :mod:`.ranks`):
-            None (default: when the world size is > 1), True, False or a group.
-    """
+    """Float32 steps (backward, clip, step): the base engine, with no-op defaults."""
 
     #: Whether the loss is scaled.
     enabled = False
 
-    def __init__(self, clip: Optional[Clip] = None, nonfinite: str = 'ignore') -> None:
+    def __init__(self, clip: Optional[Clip] = None, nonfinite: str = 'ignore', *,
+                 clip_params: Optional[List[_Tensor]] = None,
+                 clip_fn: Optional[Callable[[List[_Tensor]], Any]] = None,
+                 logger: Any = None, agree_across_ranks: Any = None) -> None:
         self.clip = clip
-        self.clip_params: Optional[List[_Tensor]] = None
-        self.clip_fn: Optional[Callable[[List[_Tensor]], Any]] = None
+        self.clip_params = clip_params  # what to clip (None: the optimizer's parameters)
+        self.clip_fn = clip_fn  # clips instead of ``clip`` (a 0.x hook's clip_grads)
         self.grad_norm: Optional[_Tensor] = None
-        self.nonfinite = nonfinite
+        self.nonfinite = nonfinite  # see fp16utils._args.spec.NONFINITE_POLICIES
         self.skipped_steps = 0
         self.scale_history: List[Tuple[int, float]] = []
-        self.logger: Any = logger
-        self.agree_across_ranks: Any = None
-        #: None while the step being taken has changed nothing it cannot put back;
-        #: once the optimizer applied the update, how the step completes
-        #: (``'step'``: a clean step the scale counts; ``'plain'``: the scale stays).
-        self.committed: Optional[str] = None
-        #: Whether the step being taken has changed the gradients it was given
-        #: (unscaled or clipped them in place): then they cannot be stepped again.
-        self.touched = False
+        self.logger: Any = _logger if logger is None else logger
+        self.agree_across_ranks = agree_across_ranks  # see .ranks
+        self.state = StepState.READY
         #: This rank's reason to raise at the next step (the overflow guard's error
         #: when the ranks agree): folded into the agreed flag, raised on every rank.
         self.veto: Optional[BaseException] = None
+
+    def move(self, to: StepState) -> None:
+        """Move :attr:`state` to ``to``; every move of the step state goes through here."""
+        state = self.state
+        if to is not StepState.READY and to is not StepState.SPENT and (
+                to not in _STEP_MOVES.get(state, ())):
+            raise RuntimeError(f'step state {state.name} cannot move to {to.name}')
+        self.state = to
 
     # -- what the wrapper or hook reads -------------------------------------------------------
 
@@ -200,7 +177,7 @@ class StepEngine:
 
     @property
     def at_scale_floor(self) -> bool:
-        """Whether a dynamic loss scale sits at its floor (cannot back off further); no sync."""
+        """Whether a dynamic loss scale sits at its floor; no sync."""
         return False
 
     @property
@@ -219,7 +196,6 @@ class StepEngine:
         loss.backward(**kwargs)
 
     def zero_grad(self, optimizer: torch.optim.Optimizer, **kwargs: Any) -> None:
-        """Zero the gradients."""
         optimizer.zero_grad(**kwargs)
 
     def clip_grads(self, optimizer: torch.optim.Optimizer) -> None:
@@ -237,43 +213,38 @@ class StepEngine:
              kwargs: Mapping[str, Any]) -> bool:
         """Clip and step; return True when the step was skipped.
 
-        A step that raises (``KeyboardInterrupt`` included) before the optimizer
-        applied the update leaves the engine as it was before it: scale, growth
-        counters, skip count, scale history and the scaler's per-iteration state
-        (a later ``unscale_`` runs again). Once the update is applied, the step is
-        completed instead (the scale counts the clean step, masters reach the
-        model) and the exception goes on; :attr:`committed` tells which.
-
-        Args:
-            optimizer: The optimizer to step.
-            step: The iteration number, for the records and the messages.
-            kwargs: Keyword arguments of ``optimizer.step``.
+        A step that raises before the optimizer applied the update is rolled
+        back (scale, counters, history, the scaler's per-iteration state); one
+        that raises after it is completed (:meth:`_settle`). Either way the
+        exception goes on and :attr:`state` says how far the step got.
         """
         token = self.save_point()
-        self.committed, self.touched = None, False
+        self.move(StepState.READY)
         try:
-            return self._step(optimizer, step, kwargs)
+            skipped = self._step(optimizer, step, kwargs)
         except BaseException:
-            if self.committed is None:
-                self.roll_back(token)
-            else:
+            if self.state.applied:
                 self._settle(token, step)
+            else:
+                self.roll_back(token)
             raise
         finally:
             self.veto = None
+        self.move(StepState.READY)
+        return skipped
 
     def _step(self, optimizer: torch.optim.Optimizer, step: int,
               kwargs: Mapping[str, Any]) -> bool:
-        """:meth:`step` without the recovery: what the engine does."""
         if self.veto is not None and ranks.reducer(self.agree_across_ranks) is None:
             raise self.veto  # nobody to agree with
         if self.nonfinite != 'ignore' and self._unscaled_skip(
                 _dense_grads(flat_params(optimizer)), step):
             return True
-        self.touched = self.clip is not None
+        if self.clip is not None:
+            self.move(StepState.UNSCALED)
         self.clip_grads(optimizer)
         optimizer.step(**kwargs)
-        self.committed = 'plain'
+        self.move(StepState.APPLIED)
         return False
 
     def save_point(self) -> Any:
@@ -281,7 +252,6 @@ class StepEngine:
         return self.skipped_steps, list(self.scale_history), self.grad_norm
 
     def roll_back(self, token: Any) -> None:
-        """Put back what :meth:`save_point` saw (after a step that raised)."""
         self.skipped_steps, self.scale_history, self.grad_norm = token[0], list(token[1]), token[2]
 
     def _settle(self, token: Any, step: int) -> None:
@@ -309,10 +279,7 @@ class StepEngine:
         raise err
 
     def _unscaled_skip(self, grads: List[_Tensor], step: int) -> bool:
-        """No loss scaling: apply the non-finite policy; True when the step is skipped.
-
-        One fused check and one device sync, unless the policy is ``'ignore'``.
-        """
+        """No loss scaling: apply the non-finite policy (one fused check); True: skipped."""
         if self.nonfinite == 'ignore':
             return False
         reduce, seen = self._agreement()  # every rank takes part
@@ -343,6 +310,10 @@ class StepEngine:
         if len(history) > SCALE_HISTORY_LEN:
             del history[0]
 
+    def _last_noted(self) -> int:
+        """The step of the last scale noted (0 before any)."""
+        return self.scale_history[-1][0] if self.scale_history else 0
+
     # -- state ------------------------------------------------------------------------------
 
     def state_dict(self) -> Dict[str, Any]:
@@ -356,17 +327,7 @@ class StepEngine:
     def resume(self, state: ResumeState, step: int, owner: str, grad_params: List[_Tensor],
                load_optimizer: Optional[Callable[[], None]] = None,
                reread_masters: bool = False) -> None:
-        """Restore a checkpoint: everything is checked before anything changes.
-
-        Args:
-            state: What the checkpoint holds.
-            step: The iteration the run resumes at (for the scale history).
-            owner: Who resumes, for error messages.
-            grad_params: Where pending gradients go back (see :meth:`grad_params`).
-            load_optimizer: Loads the optimizer state, after the checks; it must
-                leave the optimizer as it was when it raises.
-            reread_masters: Without saved masters, re-read them from the model.
-        """
+        """Restore a checkpoint: all is checked, then ``load_optimizer()``, then the rest."""
         commit = self.prepare_resume(state, step, owner, grad_params, reread_masters)
         if load_optimizer is not None:
             load_optimizer()
@@ -375,12 +336,8 @@ class StepEngine:
     def prepare_resume(self, state: ResumeState, step: int, owner: str,
                        grad_params: List[_Tensor], reread_masters: bool = False
                        ) -> Callable[[], None]:
-        """Check everything :meth:`resume` would load; return what loads it (cannot fail).
-
-        Raises:
-            TypeError, KeyError, ValueError: Naming the entry that does not fit;
-                nothing is changed then.
-        """
+        """Check everything :meth:`resume` would load (raising changes nothing); return
+        what loads it, which cannot fail."""
         scaler_state = state.scaler or None
         if scaler_state is not None:
             self._check_scaler_state(scaler_state, owner)
@@ -404,14 +361,12 @@ class StepEngine:
         return commit
 
     def _check_scaler_state(self, state: Mapping[str, Any], owner: str) -> None:
-        """Raise, naming the key and the value, when ``state`` cannot be loaded."""
         check_scaler_state(state, owner)
 
     def _load_scaler_state(self, state: Mapping[str, Any]) -> None:
         """Load a checked scaler state (either format)."""
 
     def _check_masters(self, masters: Any, owner: str) -> Optional[List[_Tensor]]:
-        """Raise when saved master weights do not fit; return them as a list (or None)."""
         return None
 
     def _load_masters(self, masters: Optional[List[_Tensor]], reread: bool) -> None:

@@ -1,19 +1,5 @@
-"""Checks of saved state against what it is loaded into, and an optimizer load that rolls back.
-
-Everything a checkpoint holds is checked here before anything is changed, so
-that a refused load leaves the optimizer, the parameters and the counters as
-they were.
-
-Example:
-    >>> import torch
-    >>> p = torch.nn.Parameter(torch.ones(2))
-    >>> optimizer = torch.optim.SGD([p], lr=0.1)
-    >>> check_optimizer_state(optimizer, {'state': {}, 'param_groups': []}, 'example')
-    Traceback (most recent call last):
-    ...
-    ValueError: example: the saved optimizer state has 0 param groups, this optimizer 1; \
-load a state saved from the same model and optimizer configuration.
-"""
+"""Checks of saved state against what it is loaded into (before anything changes), and an
+optimizer load that rolls back."""
 
 from __future__ import annotations
 
@@ -29,26 +15,7 @@ _TORCH_LOAD = torch.optim.Optimizer.load_state_dict
 
 
 def check_optimizer_state(optimizer: Any, state: Any, owner: str) -> None:
-    """Raise when ``state`` does not fit ``optimizer``'s param groups.
-
-    Checked: ``state`` is a dict with ``'state'`` (a dict) and
-    ``'param_groups'`` (a list of dicts with a ``'params'`` list); the number
-    of groups and of parameters per group match; every key of ``'state'`` is
-    a parameter index of the groups and its value a dict. Only optimizers that
-    load with torch's own ``Optimizer.load_state_dict`` are checked: another
-    (a stand-in, ``ZeroRedundancyOptimizer``, ...) has its own format, and its
-    own ``load_state_dict`` decides (rolled back when it raises).
-
-    Args:
-        optimizer: What the state is loaded into.
-        state: An ``optimizer.state_dict()``.
-        owner: Who loads it, for the message.
-
-    Example:
-        >>> p = torch.nn.Parameter(torch.ones(1))
-        >>> optimizer = torch.optim.SGD([p], lr=0.1)
-        >>> check_optimizer_state(optimizer, optimizer.state_dict(), 'example')
-    """
+    """Raise when ``state`` does not fit ``optimizer``'s param groups (torch's format only)."""
     if getattr(type(optimizer), 'load_state_dict', None) is not _TORCH_LOAD:
         return
     where = f'{owner}: the saved optimizer state'
@@ -82,19 +49,7 @@ def check_optimizer_state(optimizer: Any, state: Any, owner: str) -> None:
 
 
 def snapshot_optimizer(optimizer: Any) -> Callable[[], None]:
-    """Return a callable that puts ``optimizer``'s attributes back as they are now.
-
-    torch's ``load_state_dict`` replaces ``state`` and ``param_groups`` with
-    new objects, so keeping the old ones (no copy) is enough to roll back.
-
-    Example:
-        >>> p = torch.nn.Parameter(torch.ones(1))
-        >>> optimizer = torch.optim.SGD([p], lr=0.1)
-        >>> undo = snapshot_optimizer(optimizer)
-        >>> optimizer.param_groups = []
-        >>> undo(); len(optimizer.param_groups)
-        1
-    """
+    """A callable that puts ``optimizer``'s attributes back (torch's load replaces them)."""
     attrs = getattr(optimizer, '__dict__', None)
     saved = None if attrs is None else dict(attrs)
 
@@ -107,13 +62,7 @@ def snapshot_optimizer(optimizer: Any) -> Callable[[], None]:
 
 
 def load_optimizer_state(optimizer: Any, state: Mapping[str, Any]) -> None:
-    """``optimizer.load_state_dict(state)``, rolled back when it raises halfway.
-
-    Example:
-        >>> p = torch.nn.Parameter(torch.ones(1))
-        >>> optimizer = torch.optim.SGD([p], lr=0.1)
-        >>> load_optimizer_state(optimizer, optimizer.state_dict())
-    """
+    """``optimizer.load_state_dict(state)``, rolled back when it raises halfway."""
     undo = snapshot_optimizer(optimizer)
     try:
         optimizer.load_state_dict(state)
@@ -124,20 +73,7 @@ def load_optimizer_state(optimizer: Any, state: Mapping[str, Any]) -> None:
 
 def check_tensors(tensors: Any, params: List[_Tensor], what: str, owner: str,
                   allow_none: bool) -> List[Optional[_Tensor]]:
-    """Check saved tensors against ``params`` (count, shape, floating dtype); return a list.
-
-    Args:
-        tensors: A list of tensors (None entries allowed when ``allow_none``).
-        params: What they belong to, in order.
-        what: What they are, for the message ("pending gradients", ...).
-        owner: Who loads them, for the message.
-        allow_none: Whether an entry may be None.
-
-    Example:
-        >>> p = torch.nn.Parameter(torch.ones(2))
-        >>> check_tensors([None], [p], 'pending gradients', 'example', True)
-        [None]
-    """
+    """Check saved tensors against ``params`` (count, shape, floating dtype); return a list."""
     hint = 'load a state saved from the same model and optimizer.'
     if not isinstance(tensors, (list, tuple)):
         raise ValueError(f'{owner}: the saved {what} must be a list of tensors, got '
@@ -158,38 +94,15 @@ def check_tensors(tensors: Any, params: List[_Tensor], what: str, owner: str,
     return list(tensors)
 
 
-#: The one format of a saved pending window: the iterations done when it was saved.
+#: The key of a saved pending window's count: the iterations done when it was saved.
 PENDING_KEY = 'iter'
-#: What older versions' optimizer wrappers wrote instead of ``'iter'`` (same meaning).
+#: Read in place of ``'iter'`` too (same meaning).
 _OLD_PENDING_KEY = 'inner_count'
 
 
 def read_pending_window(pending: Any, where: str, owner: str) -> Tuple[int, Any]:
-    """Check a saved pending window; return its iteration count and its gradients.
-
-    The format is ``{'iter': iterations done, 'grads': [...]}``, written by
-    the optimizer wrappers and the 0.x hooks alike; ``{'inner_count': ...,
-    'grads': [...]}``, as older versions of the wrappers wrote it, is read
-    too. The gradients are checked against the parameters when loaded.
-
-    Args:
-        pending: The saved window.
-        where: Where it was found, for the message (``"the saved pending_window"``).
-        owner: Who loads it, for the message.
-
-    Returns:
-        ``(iterations done, gradients)``.
-
-    Example:
-        >>> read_pending_window({'inner_count': 3, 'grads': [None]}, 'pending_window', 'x')
-        (3, [None])
-        >>> read_pending_window({'iter': -1, 'grads': []}, 'pending_window', 'x')
-        Traceback (most recent call last):
-        ...
-        ValueError: x: pending_window must be a dict {'iter': an int >= 0 (the iterations \
-done), 'grads': a list} ('inner_count' in place of 'iter' is read too); got \
-{'iter': -1, 'grads': []}. Save it again, or load the checkpoint without it.
-    """
+    """``(iterations done, gradients)`` of a saved ``{'iter': ..., 'grads': [...]}`` (or
+    ``'inner_count'`` for ``'iter'``), checked; the gradients are checked when loaded."""
     count = None
     if isinstance(pending, Mapping) and 'grads' in pending:
         keys = [key for key in (PENDING_KEY, _OLD_PENDING_KEY) if key in pending]

@@ -1,21 +1,4 @@
-"""The overflow guard: after a run of skipped steps, diagnose the next step with find_overflow.
-
-A skipped step now and then is how dynamic loss scaling works; many in a row,
-or a scale that has backed off to its floor, mean something produces inf or
-nan whatever the scale. The guard counts skipped steps from the host-side
-skip flag the engine already returns (no device sync while steps are clean),
-and once armed runs the next forward and backward under
-:func:`fp16utils.find_overflow`, then logs the report or raises.
-
-Example:
-    >>> guard = OverflowGuard.parse(dict(max_consecutive=2), 'example')
-    >>> guard.record(skipped=True, at_floor=False); guard.armed
-    False
-    >>> guard.record(skipped=True, at_floor=False); guard.armed
-    True
-    >>> guard.record(skipped=False, at_floor=False); guard.armed, guard.streak
-    (False, 0)
-"""
+"""The overflow guard: after a run of skipped steps, diagnose the next step with find_overflow."""
 
 from __future__ import annotations
 
@@ -35,26 +18,8 @@ _KEYS = ('max_consecutive', 'action')
 
 
 class OverflowGuard:
-    """Counts skipped steps in a row; once armed, watches one forward and backward.
-
-    Armed after ``max_consecutive`` skipped steps in a row, or after a skip
-    that leaves the dynamic loss scale at its floor; it then stays quiet
-    until a step is taken (one diagnosis per streak). The wrapper (or hook) calls
-    :meth:`watch` when the next forward starts and :meth:`check` after its
-    backward.
-
-    Args:
-        max_consecutive: Skipped steps in a row that arm the guard (int >= 1).
-        action: ``'diagnose'`` logs the :class:`~fp16utils.OverflowReport`
-            once per streak; ``'raise'`` raises ``FloatingPointError`` with
-            the report in its ``report`` attribute, before the optimizer steps.
-        owner: Who uses it, for messages.
-
-    Attributes:
-        streak: Skipped steps in a row so far.
-        armed: Whether the next forward and backward are watched.
-        report: The report of the last watched step, or None.
-    """
+    """Counts skipped steps in a row; once armed (one diagnosis per streak), watches the
+    next forward (:meth:`watch`) and backward (:meth:`check`)."""
 
     __slots__ = ('max_consecutive', 'action', 'owner', 'streak', 'armed', 'diagnosed',
                  'report', '_watch', '_at_floor')
@@ -83,14 +48,7 @@ class OverflowGuard:
 
     @classmethod
     def parse(cls, config: Optional[Mapping[str, Any]], owner: str) -> Optional[OverflowGuard]:
-        """Build a guard from ``overflow_guard=dict(...)``; None stays None.
-
-        Example:
-            >>> OverflowGuard.parse(None, 'example') is None
-            True
-            >>> OverflowGuard.parse(dict(action='raise'), 'example').max_consecutive
-            3
-        """
+        """Build a guard from ``overflow_guard=dict(...)``; None stays None."""
         if config is None:
             return None
         if not isinstance(config, Mapping):
@@ -106,7 +64,7 @@ class OverflowGuard:
     # -- counting (host-side, no sync) ------------------------------------------------------
 
     def record(self, skipped: bool, at_floor: bool) -> None:
-        """Count one step (``skipped``: the engine's flag); arm or reset the guard."""
+        """Count one step; arm the guard, or reset it after a step taken."""
         if not skipped:
             self.streak = 0
             self.armed = self.diagnosed = False
@@ -120,11 +78,10 @@ class OverflowGuard:
 
     @property
     def watching(self) -> bool:
-        """Whether watchers are attached (between :meth:`watch` and :meth:`check`)."""
         return self._watch is not None
 
     def watch(self, model: nn.Module) -> None:
-        """Attach :func:`~fp16utils.find_overflow`'s watchers to ``model`` (when armed)."""
+        """Attach :func:`~fp16utils.find_overflow`'s watchers to ``model`` when armed."""
         self.stop()  # a watch whose backward never came
         if not self.armed:
             return
@@ -150,23 +107,8 @@ class OverflowGuard:
 
     def check(self, logger: Any, step: int, defer: bool = False
               ) -> Optional[FloatingPointError]:
-        """After the watched backward: remove the watchers, then log or raise.
-
-        Args:
-            logger: Where ``'diagnose'`` writes (anything with ``warning(str)``).
-            step: The iteration number, for the message.
-            defer: Return the error instead of raising it: the ranks agree on
-                it at the step (see :mod:`fp16utils.engine.ranks`), so that
-                every rank raises there, not this one alone.
-
-        Returns:
-            The error to raise (with ``defer``), else None.
-
-        Raises:
-            FloatingPointError: With ``action='raise'``, when the watched pass
-                found a non-finite value; its ``report`` attribute holds the
-                :class:`~fp16utils.OverflowReport`.
-        """
+        """After the watched backward: remove the watchers, then log, or raise the error
+        (``defer``: return it, for every rank to raise at the step)."""
         if self._watch is None:
             return None
         self.stop()

@@ -1,14 +1,4 @@
-"""The legacy step engine: float32 master weights for a half model, and ``LossScaler``.
-
-Example:
-    >>> import torch
-    >>> from fp16utils._args.spec import MMCV_DYNAMIC
-    >>> model = torch.nn.Linear(2, 1)
-    >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    >>> engine = LegacyEngine(optimizer, MMCV_DYNAMIC, torch.float16, 'example')
-    >>> optimizer.param_groups[0]['params'][0] is model.weight  # masters replace them
-    False
-"""
+"""The legacy step engine: float32 master weights for a half model, scaled by ``LossScaler``."""
 
 from __future__ import annotations
 
@@ -29,7 +19,7 @@ from .._args.spec import (
 from .._torch import compat, dtypes, ops
 from ..scaler import LossScaler, non_finite_check_
 from . import ranks
-from .base import Clip, StepEngine, flat_params
+from .base import Clip, StepEngine, StepState, flat_params
 from .checks import check_tensors
 
 __all__ = ['LegacyEngine']
@@ -38,33 +28,16 @@ _Tensor = torch.Tensor
 
 
 class LegacyEngine(StepEngine):
-    """Float32 master weights for a half model, scaled by :class:`~fp16utils.LossScaler`.
+    """Steps float32 masters of a half model's parameters (the optimizer's, re-pointed)."""
 
-    On construction the optimizer's parameters (the model's float32 ones) are
-    cloned into float32 masters that replace them in ``param_groups`` (the
-    optimizer object is kept; its state is re-keyed to the masters). After
-    that the model may be converted to half: each step copies the model's
-    gradients into the masters, checks and unscales them in one fused pass,
-    steps the optimizer and copies the masters back into the model, all with
-    foreach kernels.
-
-    Args:
-        optimizer: Built on the float32 model.
-        spec: The parsed ``loss_scale``.
-        dtype: The low-precision dtype.
-        owner: Who builds it, for error messages.
-        nonfinite: See :data:`fp16utils._args.spec.NONFINITE_POLICIES`.
-        clip: A parsed ``clip_grad`` (the masters are clipped).
-
-    Attributes:
-        reduce: Called with the masters once their gradients are in (the
-            hook's all-reduce), or None.
-    """
+    backend = 'legacy'
 
     def __init__(self, optimizer: torch.optim.Optimizer, spec: ScaleSpec,
                  dtype: torch.dtype, owner: str, nonfinite: str = 'warn',
-                 clip: Optional[Clip] = None) -> None:
-        super().__init__(clip, nonfinite)
+                 clip: Optional[Clip] = None, *,
+                 reduce: Optional[Callable[[List[nn.Parameter]], None]] = None,
+                 **kwargs: Any) -> None:
+        super().__init__(clip, nonfinite, **kwargs)
         originals = flat_params(optimizer)
         bad = sorted({str(p.dtype) for p in originals if p.dtype != torch.float32})
         if bad:
@@ -92,7 +65,7 @@ class LegacyEngine(StepEngine):
         self.loss_scaler = LossScaler(
             init_scale=spec.init_scale, mode='static' if spec.static else 'dynamic',
             scale_factor=spec.growth_factor, scale_window=spec.growth_interval)
-        self.reduce: Optional[Callable[[List[nn.Parameter]], None]] = None
+        self.reduce = reduce  # called with the masters once their gradients are in
         self.model_params: List[_Tensor] = []
         self._masters: List[nn.Parameter] = []
         self._groups = 0
@@ -122,22 +95,7 @@ class LegacyEngine(StepEngine):
         self._groups = len(optimizer.param_groups)
 
     def adopt_added_groups(self, optimizer: torch.optim.Optimizer) -> None:
-        """Give float32 masters to param groups added since wrapping (``add_param_group``).
-
-        The added parameters must be float32 (they are stepped through masters
-        like the others) and new to the optimizer; otherwise a ValueError is
-        raised and nothing changes. Only appended groups are seen, not
-        parameters appended to an existing group's list.
-
-        Example:
-            >>> import torch
-            >>> from fp16utils._args.spec import MMCV_DYNAMIC
-            >>> optimizer = torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1)
-            >>> engine = LegacyEngine(optimizer, MMCV_DYNAMIC, torch.float16, 'example')
-            >>> optimizer.add_param_group({'params': [torch.nn.Parameter(torch.ones(3))]})
-            >>> engine.adopt_added_groups(optimizer); len(engine.masters)
-            3
-        """
+        """Give float32 masters to param groups appended since wrapping (``add_param_group``)."""
         if len(optimizer.param_groups) == self._groups:
             return
         added = [p for g in optimizer.param_groups[self._groups:] for p in g['params']]
@@ -164,8 +122,7 @@ class LegacyEngine(StepEngine):
                 "Give a LossScaler (or backend='native' for a torch GradScaler).")
         self.loss_scaler = scaler
         if self.enabled:
-            self._note_scale(self.scale_history[-1][0] if self.scale_history else 0,
-                             float(scaler.cur_scale))
+            self._note_scale(self._last_noted(), float(scaler.cur_scale))
 
     @property
     def loss_scale(self) -> float:
@@ -203,11 +160,7 @@ class LegacyEngine(StepEngine):
                 ops.foreach_zero_(grads)
 
     def copy_grads_to_masters(self) -> List[_Tensor]:
-        """Copy the model's gradients into the masters' (float32); return those.
-
-        A sparse gradient (``nn.Embedding(sparse=True)``) becomes a float32
-        sparse master gradient; its values tensor is returned.
-        """
+        """Copy the model's gradients into the masters' (float32; a sparse one's values)."""
         src: List[_Tensor] = []
         dst: List[_Tensor] = []
         sparse: List[_Tensor] = []
@@ -262,7 +215,7 @@ class LegacyEngine(StepEngine):
         if not overflow:
             self.clip_grads(optimizer)
             optimizer.step(**kwargs)
-            self.committed = 'step'
+            self.move(StepState.STEPPED)
             self.copy_masters_to_model()
         if self.enabled:
             scaler.update_scale(overflow)

@@ -1,82 +1,100 @@
-"""The native step engine: ``torch.amp.GradScaler`` with a floor and one sync per step.
-
-Example:
-    >>> import torch
-    >>> from fp16utils._args.spec import TORCH_DYNAMIC
-    >>> engine = NativeEngine(TORCH_DYNAMIC, torch.bfloat16, lambda: 'cpu')
-    >>> engine.enabled, engine.loss_scale  # bfloat16 needs no loss scaling
-    (False, 1.0)
-"""
+"""The native step engine (``torch.amp.GradScaler``, a scale floor, one sync per step) and
+:class:`HostScale`, the host's copy of the GradScaler's scale state (no sync to read it)."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import torch
 
-from .._args.limits import grad_scaler_bounds_error
-from .._args.spec import ScaleSpec, check_scaler_state, mmcv_to_grad_scaler_state, nonfinite_error
+from .._args.limits import grad_scaler_bounds_error, to_float32
+from .._args.spec import (
+    MIN_LOSS_SCALE,
+    ScaleSpec,
+    check_scaler_state,
+    grow_scale,
+    mmcv_to_grad_scaler_state,
+    nonfinite_error,
+    shrink_scale,
+)
 from .._torch import dtypes, factory
 from .._torch import state as _state
 from . import ranks
-from .base import Clip, StepEngine
-from .host_scale import HostScale
+from .base import Clip, StepEngine, StepState
 
-__all__ = ['NativeEngine']
+__all__ = ['HostScale', 'NativeEngine']
 
 _Tensor = torch.Tensor
 
 
+class HostScale:
+    """A GradScaler's scale, growth tracker, factors and interval on the host, with a floor."""
+
+    def __init__(self, spec: ScaleSpec) -> None:
+        self.scale = spec.init_scale
+        self.tracker = 0  # GradScaler's _growth_tracker
+        self.growth_factor = spec.growth_factor
+        self.backoff_factor = spec.backoff_factor
+        self.growth_interval = spec.growth_interval
+        self.min_scale = min(MIN_LOSS_SCALE, spec.init_scale)
+
+    def back_off(self) -> float:
+        """After an overflow: GradScaler's float32 backoff, never below the floor."""
+        backed_off = to_float32(to_float32(self.scale) * self.backoff_factor)
+        self.scale = shrink_scale(self.scale, backed_off, self.min_scale)
+        self.tracker = 0
+        return self.scale
+
+    def count_clean(self) -> bool:
+        """After a clean step: count it, grow every ``growth_interval``; True when it grew."""
+        self.tracker += 1
+        if self.tracker != self.growth_interval:
+            return False
+        self.tracker = 0
+        self.scale = grow_scale(self.scale, self.growth_factor, float32=True)
+        return True
+
+    def save(self) -> Tuple[float, int]:
+        return self.scale, self.tracker
+
+    def restore(self, saved: Tuple[float, int]) -> None:
+        self.scale, self.tracker = saved
+
+    def lower_floor_to_scale(self) -> None:
+        """Take the current scale as the floor when it is below 1 (a scale given from outside)."""
+        self.min_scale = min(MIN_LOSS_SCALE, self.scale)
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {
+            'scale': self.scale,
+            'growth_factor': self.growth_factor,
+            'backoff_factor': self.backoff_factor,
+            'growth_interval': self.growth_interval,
+            '_growth_tracker': self.tracker,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.scale = float(state['scale'])
+        self.tracker = int(state['_growth_tracker'])
+        self.growth_factor = float(state['growth_factor'])
+        self.backoff_factor = float(state['backoff_factor'])
+        self.growth_interval = int(state['growth_interval'])
+
+
 class NativeEngine(StepEngine):
-    """``torch.amp.GradScaler`` with skip detection, a scale floor and no extra syncs.
+    """``torch.amp.GradScaler`` steps with skip detection, a scale floor and no extra syncs."""
 
-    ``GradScaler.unscale_`` checks and unscales the gradients (fused kernels)
-    and records per-device found-inf flags; the engine reads them once (the
-    one ``.item()`` that ``GradScaler.step`` would do anyway) and steps the
-    optimizer only when they are clear, as ``GradScaler.step`` does.
-    Optimizers that handle scaling in their own kernels (``fused=True``) go
-    through ``GradScaler.step`` itself. The scale and growth tracker are
-    mirrored on the host (:class:`~.host_scale.HostScale`, which moves them as
-    GradScaler's update kernel does), so ``state_dict()`` and ``loss_scale``
-    cost no sync, nor does a step that backs off or grows the scale; the state
-    is re-read (one sync) only when somebody else loads a state into, or sets
-    the scale of, the GradScaler.
-
-    The GradScaler made here is an
-    :class:`~fp16utils._torch.state.ObservedGradScaler`, which counts such
-    outside changes and checks a state loaded from outside before it is
-    applied. A GradScaler given with :meth:`adopt_scaler` is kept as it is
-    (its class, its identity) and watched through its host-side fingerprint
-    (:func:`~fp16utils._torch.state.grad_scaler_fingerprint`): an unusable
-    state loaded into it from outside is refused when the engine next looks.
-
-    Args:
-        spec: The parsed ``loss_scale``.
-        dtype: The low-precision dtype (bfloat16 gets no scaling).
-        device_type: Returns the device type of the gradients (the GradScaler
-            is made lazily, at the first scaled backward).
-        nonfinite: See :data:`fp16utils._args.spec.NONFINITE_POLICIES`.
-        clip: A parsed ``clip_grad``.
-        agree_across_ranks: None (agree when the world size is > 1), True,
-            False or a process group: the found-inf flag is all-reduced (max)
-            before it is read, in the same sync (see :mod:`.ranks`).
-        owner: Who builds it, for error messages.
-
-    Raises:
-        ValueError: A ``growth_interval`` that ``GradScaler`` cannot take (above
-            2**63 - 1); nothing is made then.
-    """
+    backend = 'native'
 
     def __init__(self, spec: ScaleSpec, dtype: torch.dtype,
                  device_type: Callable[[], str], nonfinite: str = 'warn',
                  clip: Optional[Clip] = None, agree_across_ranks: Any = None,
-                 owner: str = 'NativeEngine') -> None:
-        super().__init__(clip, nonfinite)
-        self.agree_across_ranks = agree_across_ranks
+                 owner: str = 'NativeEngine', **kwargs: Any) -> None:
+        super().__init__(clip, nonfinite, agree_across_ranks=agree_across_ranks, **kwargs)
         self.enabled = spec.enabled and dtypes.needs_loss_scaling(dtype)
         self.static = spec.static
         self._host = HostScale(spec)
-        self._device_type = device_type
+        self._device_type = device_type  # the gradients' device type: the scaler is made lazily
         self._scaler: Optional[Any] = None
         self._made_here = True  # an ObservedGradScaler made here, not one adopted
         self._seen_changes: Any = 0
@@ -106,13 +124,7 @@ class NativeEngine(StepEngine):
         return scaler
 
     def adopt_scaler(self, scaler: Any) -> None:
-        """Scale with ``scaler``, a GradScaler made elsewhere, from now on (one sync).
-
-        Its state becomes the host mirror; it stays as it is (its class, its
-        methods: a ``ShardedGradScaler`` keeps agreeing across ranks) and is
-        watched through its host-side fingerprint. A disabled one turns scaling
-        off, as it would in plain torch.
-        """
+        """Scale with ``scaler``, a GradScaler made elsewhere, kept as it is (one sync)."""
         if not all(callable(getattr(scaler, name, None))
                    for name in ('scale', 'unscale_', 'update', 'is_enabled', 'state_dict')):
             raise TypeError(
@@ -125,8 +137,7 @@ class NativeEngine(StepEngine):
         if self.enabled:
             self._host.load_state_dict(scaler.state_dict())
             self._host.lower_floor_to_scale()
-            self._note_scale(self.scale_history[-1][0] if self.scale_history else 0,
-                             self._host.scale)
+            self._note_scale(self._last_noted(), self._host.scale)
 
     @property
     def loss_scale(self) -> float:
@@ -200,8 +211,7 @@ class NativeEngine(StepEngine):
         self._host.load_state_dict(state)
         if type(state['growth_interval']) is not int:  # 2.0: torch's update needs an int
             self._quiet_load(scaler)
-        self._note_scale(self.scale_history[-1][0] if self.scale_history else 0,
-                         self._host.scale)
+        self._note_scale(self._last_noted(), self._host.scale)
 
     def backward(self, loss: _Tensor, **kwargs: Any) -> None:
         if self.enabled:
@@ -218,7 +228,7 @@ class NativeEngine(StepEngine):
             raise RuntimeError('optimizer.step(closure=...) is not supported with loss '
                                'scaling (a closure would backward an unscaled loss); call '
                                'step() without it.')
-        self.touched = True
+        self.move(StepState.UNSCALED)
         try:
             scaler.unscale_(optimizer)
         except ValueError as err:
@@ -242,7 +252,7 @@ class NativeEngine(StepEngine):
             if check_first:
                 self.clip_grads(optimizer)
             optimizer.step(**kwargs)
-            self.committed = 'plain'
+            self.move(StepState.APPLIED)
             self._quiet_update(scaler, host.scale)
             return False
         # The one device sync of the step (GradScaler.step would do the same).
@@ -259,7 +269,7 @@ class NativeEngine(StepEngine):
         elif not skipped:
             optimizer.step(**kwargs)  # what GradScaler.step does once the flag is known
         if not skipped:
-            self.committed = 'plain' if self.static else 'step'
+            self.move(StepState.APPLIED if self.static else StepState.STEPPED)
         old = host.scale
         if self.static:
             self._quiet_update(scaler, old)
@@ -267,8 +277,7 @@ class NativeEngine(StepEngine):
                 raise nonfinite_error(step, f'with the static loss scale {old}')
         else:
             # GradScaler's update (the tracker, its per-iteration records), then the
-            # scale that the host computed, floored and capped, when it changed: the
-            # host knows it without reading the device.
+            # scale that the host computed, floored and capped, when it changed.
             self._quiet_update(scaler)
             if skipped:
                 host.back_off()
@@ -301,7 +310,7 @@ class NativeEngine(StepEngine):
         host = self._host
         host.restore(saved)
         old = host.scale
-        if self.committed == 'step':
+        if self.state is StepState.STEPPED:
             host.count_clean()
         self._reload_scaler()
         self._record(step, False, old, host.scale)
@@ -315,21 +324,14 @@ class NativeEngine(StepEngine):
         self._quiet_load(scaler)
 
     def state_dict(self) -> Dict[str, Any]:
-        """``GradScaler.state_dict()``, built from the host mirror (no sync).
-
-        Also when nothing is scaled (bfloat16, scaling disabled): then the state
-        of the scale the configuration would use, never ``{}``, which an enabled
-        GradScaler (MMEngine's, mmcv's on a GPU) refuses to load.
-        """
+        """``GradScaler.state_dict()`` from the host mirror (no sync); never ``{}``, which
+        an enabled GradScaler refuses, also when nothing is scaled."""
         self._follow_scaler()
         return self._host.state_dict()
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
-        """After ``pickle``/``copy.deepcopy``: watch the GradScaler as before.
-
-        The one made here comes back a plain GradScaler: an ObservedGradScaler
-        takes over its state.
-        """
+        """After ``pickle``/``copy.deepcopy``: watch the GradScaler (made here: an
+        ObservedGradScaler again) as before."""
         self.__dict__.update(state)
         scaler = self._scaler
         if scaler is not None and self.enabled:

@@ -1,11 +1,4 @@
-"""Gradient accumulation arithmetic, shared by the 1.x wrappers and the 0.x hook.
-
-Example:
-    >>> window = AccumulationWindow(2, 'OptimWrapper', 'accumulative_counts')
-    >>> window.start(5)
-    >>> [window.divisor(i) for i in range(5)], window.completes(4)
-    ([2, 2, 2, 2, 1], True)
-"""
+"""Gradient accumulation arithmetic, shared by the 1.x wrappers and the 0.x hooks."""
 
 from __future__ import annotations
 
@@ -20,26 +13,8 @@ __all__ = ['AccumulationWindow']
 
 
 class AccumulationWindow:
-    """Gradient accumulation over ``counts`` iterations, with a shorter last window.
-
-    Iterations are counted from 0. Iteration ``i``'s loss is divided by
-    :meth:`divisor` and the optimizer steps after it when :meth:`completes`
-    says so. With ``max_counts`` set, the last ``max_counts % counts``
-    iterations form a window of their own, divided by its length.
-
-    Args:
-        counts: Iterations per window (int >= 1).
-        owner: Who uses it, for error messages.
-        name: The argument's name, for error messages.
-
-    Example:
-        >>> window = AccumulationWindow(3, 'hook', 'cumulative_iters')
-        >>> window.start(7)
-        >>> [window.divisor(i) for i in range(7)]
-        [3, 3, 3, 3, 3, 3, 1]
-        >>> [i for i in range(7) if window.completes(i)]
-        [2, 5, 6]
-    """
+    """Accumulation over ``counts`` iterations (from 0); the last ``max_counts % counts``
+    form a shorter window of their own."""
 
     __slots__ = ('counts', 'name', 'max_counts', 'remainder', 'started')
 
@@ -48,9 +23,7 @@ class AccumulationWindow:
         self.name = name
         self.max_counts = -1
         self.remainder = 0
-        #: Whether :meth:`start` has run since the window was made (or :attr:`started`
-        #: was set back to False for a new run).
-        self.started = False
+        self.started = False  # whether start() ran in this run
 
     def start(self, max_counts: Optional[int]) -> None:
         """Set the total number of iterations (None, -1 or 0: unknown)."""
@@ -60,13 +33,7 @@ class AccumulationWindow:
 
     @property
     def divisible(self) -> int:
-        """The iterations before the last, shorter window (0 while the total is unknown).
-
-        Example:
-            >>> window = AccumulationWindow(4, 'hook', 'cumulative_iters')
-            >>> window.start(10); window.divisible, window.remainder
-            (8, 2)
-        """
+        """The iterations before the last, shorter window (0 while the total is unknown)."""
         return max(self.max_counts, 0) - self.remainder
 
     def divisor(self, index: int) -> int:
@@ -82,16 +49,7 @@ class AccumulationWindow:
 
     def warn_on_start(self, model: nn.Module, done: int, restored: bool,
                       log: Any, keep_hint: str) -> None:
-        """Warn about what makes accumulated results differ from one large batch.
-
-        Args:
-            model: Checked for BatchNorm layers (their statistics come from
-                the small batches).
-            done: Iterations already done.
-            restored: Whether the gradients of an unfinished window were restored.
-            log: A logger (anything with ``warning(str)``).
-            keep_hint: How to keep the window's gradients in a checkpoint.
-        """
+        """Warn when a resumed window lost its gradients, or BatchNorm sees small batches."""
         if done % self.counts and not restored:
             log.warning(
                 f'Resumed iteration number {done} is not a multiple of '

@@ -1,9 +1,4 @@
-"""Averaging gradients over processes for the 0.x hooks (mmcv's ``allreduce_grads``).
-
-Example:
-    >>> world_size()  # no process group: one process, nothing to average
-    1
-"""
+"""Averaging gradients over processes for the 0.x hooks (mmcv's ``allreduce_grads``)."""
 
 from __future__ import annotations
 
@@ -18,12 +13,7 @@ __all__ = ['allreduce_grads', 'world_size']
 
 
 def world_size() -> int:
-    """The number of processes of the default process group (1 without one).
-
-    Example:
-        >>> world_size()
-        1
-    """
+    """The number of processes of the default process group (1 without one)."""
     if dist.is_available() and dist.is_initialized():
         return dist.get_world_size()
     return 1
@@ -53,32 +43,9 @@ def _buckets(tensors: List[torch.Tensor], bucket_size_mb: float) -> List[List[to
 
 def allreduce_grads(params: List[Any], coalesce: bool = True, bucket_size_mb: float = -1,
                     size: Optional[int] = None) -> None:
-    """Average the gradients of ``params`` over all processes (``torch.distributed``).
-
-    Does nothing unless a process group is initialised with more than one
-    process. With ``coalesce`` the gradients are flattened into one buffer
-    per device and dtype (or per bucket of ``bucket_size_mb`` when > 0) and
-    reduced with one ``all_reduce`` each; otherwise one ``all_reduce`` per
-    gradient, and one for the per-parameter "has a gradient" flags (which
-    ride in the first bucket when coalescing).
-
-    Args:
-        params: Parameters whose gradients to average (those not requiring a
-            gradient are left out). A parameter that has a gradient on some
-            ranks only is reduced with zeros from the others; one that has
-            none anywhere keeps None.
-        coalesce: Reduce flattened buckets instead of single tensors.
-        bucket_size_mb: Bucket size limit in MiB; <= 0 means one bucket per
-            device and dtype.
-        size: The number of processes (None: :func:`world_size`).
-
-    Example:
-        >>> import torch
-        >>> p = torch.nn.Parameter(torch.ones(2)); p.grad = torch.ones(2)
-        >>> allreduce_grads([p])  # a single process: nothing to do
-        >>> p.grad.tolist()
-        [1.0, 1.0]
-    """
+    """Average the gradients of ``params`` that require one over ``size`` processes (None:
+    :func:`world_size`), in buckets of ``bucket_size_mb`` (<= 0: one per device and dtype)
+    with ``coalesce``; a gradient only some ranks have is reduced with zeros elsewhere."""
     count = world_size() if size is None else size
     if count <= 1:
         return

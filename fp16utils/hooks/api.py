@@ -1,28 +1,5 @@
-"""What mmcv 1.x's optimizer hooks give their subclasses, for the 0.x fp16 hooks.
-
-0.x codebases subclass mmcv's ``Fp16OptimizerHook`` and override
-``after_train_iter`` with a copy of mmcv's body that calls ``self.clip_grads``,
-``self.loss_scaler.scale(...)``, ``self._scale_update_param``,
-``self.copy_grads_to_fp32`` and so on. :class:`OptimizerHookApi` stands where
-mmcv's ``OptimizerHook`` stands, between the runner's ``Hook`` and
-:class:`~fp16utils.Fp16OptimizerHook`, and gives those names with mmcv's
-signatures and meaning; :class:`CumulativeHookApi` gives what mmcv's
-``GradientCumulativeOptimizerHook`` adds. The helpers of mmcv's ``Hook``
-(``every_n_iters``, ``is_last_iter``, ...) come from the base
-(:class:`~fp16utils.hooks.base.RunnerHook`, or mmcv's ``Hook`` itself).
-
-A subclass whose ``__init__`` sets mmcv's attributes itself instead of calling
-``super().__init__`` (``self.grad_clip = ...``, ``self.loss_scaler =
-GradScaler(...)``) works too: the hook sets itself up from them when first used.
-
-Example:
-    >>> import torch
-    >>> from fp16utils import Fp16OptimizerHook
-    >>> hook = Fp16OptimizerHook(grad_clip=dict(max_norm=1.0))
-    >>> p = torch.nn.Parameter(torch.ones(4)); p.grad = torch.ones(4)
-    >>> float(hook.clip_grads([p])), round(float(p.grad.norm()), 4)  # the norm before, after
-    (2.0, 1.0)
-"""
+"""What mmcv 1.x's optimizer hooks give their subclasses (``clip_grads``, ``loss_scaler``,
+``_scale_update_param``, ``copy_grads_to_fp32``, ...), with mmcv's signatures and meaning."""
 
 from __future__ import annotations
 
@@ -44,35 +21,13 @@ logger = logging.getLogger('fp16utils')
 
 @follows_mmcv
 class OptimizerHookApi(RunnerHook):
-    """mmcv's ``OptimizerHook`` / ``Fp16OptimizerHook`` API, for the hooks' subclasses.
+    """mmcv's ``OptimizerHook`` API for the hooks' subclasses; its base follows mmcv's ``Hook``.
 
-    The base of :class:`~fp16utils.Fp16OptimizerHook`. Its own base is this
-    package's plain runner hook, or ``mmcv.runner.Hook`` once mmcv's runner is
-    imported (see :mod:`fp16utils.hooks.base`).
-
-    Attributes:
-        grad_clip: The clipping settings (None, ``dict(max_norm=..., norm_type=2)``
-            or ``dict(type='value', clip_value=...)``); checked when set. Setting it
-            (or changing the dict in place) takes effect at the next update, as
-            mmcv reads it at each one.
-        detect_anomalous_params: mmcv's ``OptimizerHook`` flag (False); when
-            True, each iteration first logs the parameters that the loss does
-            not depend on (:meth:`detect_anomalous_parameters`).
-        loss_scaler: The ``torch.amp.GradScaler`` (native backend) or
-            :class:`~fp16utils.LossScaler` (legacy backend) the hook scales with,
-            from :meth:`before_run` on; assigning one (as an mmcv-style
-            ``__init__`` does) makes the hook scale with it.
-        _scale_update_param: What mmcv's hook passes to ``loss_scaler.update``:
-            the scale for a static ``loss_scale``, else None.
-
-    Example:
-        >>> from fp16utils import Fp16OptimizerHook
-        >>> Fp16OptimizerHook(loss_scale=512.)._scale_update_param
-        512.0
-        >>> Fp16OptimizerHook(loss_scale='dynamic')._scale_update_param is None
-        True
+    A subclass whose ``__init__`` sets mmcv's attributes instead of calling ours is set
+    up from them when first used.
     """
 
+    #: mmcv's flag: when True, each iteration first logs the parameters the loss does not use.
     detect_anomalous_params = False
 
     # -- a subclass whose __init__ does not call ours ----------------------------------------
@@ -91,13 +46,8 @@ class OptimizerHookApi(RunnerHook):
         return object.__getattribute__(self, name)
 
     def _set_up_from_attributes(self) -> None:
-        """Run this package's ``__init__`` with what an mmcv-style ``__init__`` set.
-
-        ``grad_clip``, ``coalesce``, ``bucket_size_mb``, ``distributed`` and
-        ``_scale_update_param`` as set; an assigned ``loss_scaler`` is kept (an
-        mmcv ``LossScaler`` picks the legacy backend). The first ``__init__`` of
-        this package along the class's MRO runs (the patched mmcv classes' too).
-        """
+        """Run the first ``__init__`` of this package along the MRO with what an mmcv-style
+        ``__init__`` set (an assigned mmcv ``LossScaler`` picks the legacy backend)."""
         state = self.__dict__
         given = state.get('_given_scaler')
         update = state.get('_scale_update_param')
@@ -114,7 +64,6 @@ class OptimizerHookApi(RunnerHook):
         init(self, **kwargs)
 
     def _set_up_arguments(self) -> Dict[str, Any]:
-        """More ``__init__`` arguments for :meth:`_set_up_from_attributes` (subclasses')."""
         return {}
 
     def __getstate__(self) -> Dict[str, Any]:
@@ -137,7 +86,7 @@ class OptimizerHookApi(RunnerHook):
 
     @property
     def grad_clip(self) -> Optional[dict]:
-        """The clipping settings (None: no clipping)."""
+        """The clipping settings (None: none); checked when set, read at each update as mmcv."""
         return self.__dict__.get('_grad_clip')
 
     @grad_clip.setter
@@ -159,17 +108,15 @@ class OptimizerHookApi(RunnerHook):
     def clip_grads(self, params: Iterable[Any]) -> Optional[torch.Tensor]:
         """Clip the gradients of ``params`` as ``grad_clip`` says (mmcv's ``clip_grads``).
 
-        The parameters that require a gradient and have one are clipped
-        together. The hook's own update calls this method (on the model's
-        parameters on the native backend, on the float32 master weights on the
-        legacy one), so a subclass that overrides it changes the clipping.
+        The hook's own update calls it (on the model's parameters, native; on the
+        float32 masters, legacy), so a subclass that overrides it changes the clipping.
 
         Args:
             params: Parameters (e.g. ``runner.model.parameters()``).
 
         Returns:
-            The total norm before clipping (a 0-dim tensor) when clipping by
-            norm, None when clipping by value or when no parameter has a gradient.
+            The total norm before clipping (a 0-dim tensor) when clipping by norm;
+            None when clipping by value or when no parameter has a gradient.
 
         Raises:
             TypeError: ``grad_clip`` is None (mmcv calls ``clip_grads`` only
@@ -206,8 +153,8 @@ class OptimizerHookApi(RunnerHook):
 
     @property
     def loss_scaler(self) -> Any:
-        """The GradScaler (native) or LossScaler (legacy); None before :meth:`before_run`
-        unless one was assigned."""
+        """The GradScaler (native) or LossScaler (legacy), from ``before_run`` on; one
+        assigned (as an mmcv-style ``__init__`` does) is scaled with."""
         engine = self.__dict__.get('_engine')
         return self.__dict__.get('_given_scaler') if engine is None else engine.scaler
 
@@ -218,32 +165,29 @@ class OptimizerHookApi(RunnerHook):
             engine.adopt_scaler(scaler)  # checks it first: a refused one changes nothing
         self.__dict__['_given_scaler'] = scaler
 
+    @property
+    def _scale_update_param(self) -> Optional[float]:
+        """What mmcv's hook gives ``loss_scaler.update()``: the static scale, else None."""
+        if '_scale_update_param' in self.__dict__:  # set, as an mmcv-style __init__ does
+            return self.__dict__['_scale_update_param']
+        spec = self._scale_spec(self.backend)  # Fp16OptimizerHook's
+        return spec.init_scale if spec.static else None
+
+    @_scale_update_param.setter
+    def _scale_update_param(self, value: Optional[float]) -> None:
+        self.__dict__['_scale_update_param'] = value
+
     # -- mmcv's fp16 helpers -----------------------------------------------------------------
 
     def copy_grads_to_fp32(self, fp16_net: nn.Module, fp32_weights: Iterable[Any]) -> None:
         """Copy the gradients of ``fp16_net``'s parameters into ``fp32_weights`` (mmcv's).
 
-        Pairs them in order (``zip``, as mmcv does); a weight without a
-        gradient gets one; a parameter without a gradient is left out. On the
-        legacy backend the optimizer's parameters are the float32 master
-        weights, so ``copy_grads_to_fp32(runner.model, <the optimizer's
-        parameters>)`` fills the masters, as in mmcv. On the native backend the
-        optimizer holds the model's own parameters: a pair that is one tensor
-        is left alone, so the same call does nothing.
+        Paired in order; a parameter without a gradient is left out, and a pair that
+        is one tensor (the native backend's optimizer holds the model's) is left alone.
 
         Args:
             fp16_net: The (half) model.
             fp32_weights: The float32 weights, in the order of ``fp16_net.parameters()``.
-
-        Example:
-            >>> import torch
-            >>> from fp16utils import Fp16OptimizerHook
-            >>> net = torch.nn.Linear(1, 1, bias=False).half()
-            >>> net.weight.grad = torch.full((1, 1), 2.0, dtype=torch.half)
-            >>> master = torch.nn.Parameter(torch.zeros(1, 1))
-            >>> Fp16OptimizerHook().copy_grads_to_fp32(net, [master])
-            >>> master.grad.dtype, master.grad.item()
-            (torch.float32, 2.0)
         """
         dst: List[torch.Tensor] = []
         src: List[torch.Tensor] = []
@@ -259,22 +203,12 @@ class OptimizerHookApi(RunnerHook):
             compat.foreach_copy_(dst, src)
 
     def copy_params_to_fp16(self, fp16_net: nn.Module, fp32_weights: Iterable[Any]) -> None:
-        """Copy ``fp32_weights`` into ``fp16_net``'s parameters, in order (mmcv's).
-
-        The counterpart of :meth:`copy_grads_to_fp32` after the optimizer has
-        stepped the float32 weights; a pair that is one tensor is left alone.
+        """Copy ``fp32_weights`` into ``fp16_net``'s parameters, in order (mmcv's); a pair
+        that is one tensor is left alone.
 
         Args:
             fp16_net: The (half) model.
             fp32_weights: The float32 weights, in the order of ``fp16_net.parameters()``.
-
-        Example:
-            >>> import torch
-            >>> from fp16utils import Fp16OptimizerHook
-            >>> net = torch.nn.Linear(1, 1, bias=False).half()
-            >>> Fp16OptimizerHook().copy_params_to_fp16(net, [torch.full((1, 1), 0.5)])
-            >>> net.weight.dtype, net.weight.item()
-            (torch.float16, 0.5)
         """
         pairs = [(p, m) for p, m in zip(fp16_net.parameters(), fp32_weights) if p is not m]
         if pairs:
@@ -282,12 +216,7 @@ class OptimizerHookApi(RunnerHook):
                 compat.foreach_copy_([p for p, _ in pairs], [m for _, m in pairs])
 
     def detect_anomalous_parameters(self, loss: torch.Tensor, runner: Any) -> None:
-        """Log (at ERROR, on ``runner.logger``) the parameters ``loss`` does not depend on.
-
-        mmcv's debugging aid: a trainable parameter of ``runner.model`` that is
-        not in the autograd graph of ``loss`` was not used in the forward, or
-        not for the loss. Run by the hook each iteration when
-        :attr:`detect_anomalous_params` is True.
+        """Log at ERROR (``runner.logger``) the trainable parameters ``loss`` does not use.
 
         Args:
             loss: The loss, before its backward.
@@ -314,22 +243,9 @@ class OptimizerHookApi(RunnerHook):
 
 
 class CumulativeHookApi:
-    """What mmcv's ``GradientCumulativeOptimizerHook`` adds to the API, for subclasses.
+    """What mmcv's ``GradientCumulativeOptimizerHook`` adds: settable views of the window."""
 
-    ``divisible_iters``, ``remainder_iters`` and ``initialized`` are views of
-    the hook's one accumulation window (settable, as mmcv's attributes are);
-    ``cumulative_iters`` and ``_init(runner)`` are on
-    :class:`~fp16utils.GradientCumulativeFp16OptimizerHook` itself.
-
-    Example:
-        >>> from torch import nn
-        >>> from fp16utils import GradientCumulativeFp16OptimizerHook
-        >>> hook = GradientCumulativeFp16OptimizerHook(cumulative_iters=2)
-        >>> hook.has_batch_norm(nn.Sequential(nn.Conv2d(1, 1, 1), nn.BatchNorm2d(1)))
-        True
-    """
-
-    _driver: Any  #: The hook's :class:`~fp16utils.engine.driver.StepDriver`.
+    _driver: Any  # the hook's StepDriver
 
     @property
     def divisible_iters(self) -> int:
@@ -368,11 +284,7 @@ class CumulativeHookApi:
         return {'cumulative_iters': self.__dict__.get('cumulative_iters', 1)}
 
     def _get_loss_factor(self, runner: Any) -> int:
-        """What the loss of iteration ``runner.iter`` is divided by (mmcv's name for it).
-
-        ``cumulative_iters``, or, in the last, shorter window when the total is
-        not a multiple of it, that window's length.
-        """
+        """What the loss of iteration ``runner.iter`` is divided by (mmcv's name for it)."""
         return self._driver.window.divisor(runner.iter)
 
 

@@ -1,18 +1,6 @@
-"""The base of the 0.x hooks: a plain one with every stage of an mmcv hook, or mmcv's ``Hook``.
-
-Classes marked with :func:`follows_mmcv` take ``mmcv.runner.Hook`` as their
-base as soon as mmcv's hook module is imported, before or after this module,
-so mmcv's ``register_hook`` and ``HOOKS`` registry take the hooks. Nothing here
-imports mmcv: :func:`follow_mmcv` reads ``sys.modules`` (when a class is
-marked, and each time a hook is made), and a finder on ``sys.meta_path``,
-installed when this module is imported, notices when mmcv's hook module is
-imported later. Until then (and without mmcv) the base is :class:`RunnerHook`.
-
-Example:
-    >>> RunnerHook().before_epoch(runner=None)
-    >>> RunnerHook.priority
-    'ABOVE_NORMAL'
-"""
+"""The base of the 0.x hooks: :class:`RunnerHook` (every stage of an mmcv hook), replaced by
+``mmcv.runner.Hook`` as soon as mmcv's hook module is imported, before or after this one
+(a ``sys.meta_path`` finder notices it); nothing here imports mmcv."""
 
 from __future__ import annotations
 
@@ -45,39 +33,28 @@ def _total(runner: Any, name: str) -> Any:
 
 
 class RunnerHook:
-    """The base of the hooks while mmcv is not imported: every stage of an mmcv hook.
+    """The hooks' base without mmcv: every stage of an mmcv hook (unused ones do nothing)."""
 
-    A runner other than mmcv's calls the stages it knows; the ones the hooks
-    do not use do nothing. ``priority`` is ``'ABOVE_NORMAL'``, where mmcv
-    registers optimizer hooks. Once ``mmcv.runner`` is imported, the hooks'
-    base becomes ``mmcv.runner.Hook`` instead (whose ``register_hook`` sets
-    ``priority`` itself and refuses a hook that already has one).
-
-    Example:
-        >>> RunnerHook().before_epoch(runner=None)
-        >>> RunnerHook.priority
-        'ABOVE_NORMAL'
-    """
-
+    #: Where mmcv registers optimizer hooks (mmcv's ``Hook`` has none: its runner sets it).
     priority = 'ABOVE_NORMAL'
 
     def before_run(self, runner: Any) -> None:
-        """Nothing to do."""
+        pass
 
     def after_run(self, runner: Any) -> None:
-        """Nothing to do."""
+        pass
 
     def before_epoch(self, runner: Any) -> None:
-        """Nothing to do."""
+        pass
 
     def after_epoch(self, runner: Any) -> None:
-        """Nothing to do."""
+        pass
 
     def before_iter(self, runner: Any) -> None:
-        """Nothing to do."""
+        pass
 
     def after_iter(self, runner: Any) -> None:
-        """Nothing to do."""
+        pass
 
     # What mmcv's Hook gives its subclasses to decide when to act (0.x hooks call them).
     # The runner's public max_iters / max_epochs are read (mmcv's Hook reads the private
@@ -92,13 +69,7 @@ class RunnerHook:
         return (runner.inner_iter + 1) % n == 0 if n > 0 else False
 
     def every_n_iters(self, runner: Any, n: int) -> bool:
-        """Whether the iteration just run is a multiple of ``n`` (counted from 1).
-
-        Example:
-            >>> from types import SimpleNamespace
-            >>> [RunnerHook().every_n_iters(SimpleNamespace(iter=i), 2) for i in range(4)]
-            [False, True, False, True]
-        """
+        """Whether the iteration just run is a multiple of ``n`` (counted from 1)."""
         return (runner.iter + 1) % n == 0 if n > 0 else False
 
     def end_of_epoch(self, runner: Any) -> bool:
@@ -110,13 +81,7 @@ class RunnerHook:
         return runner.epoch + 1 == _total(runner, 'max_epochs')
 
     def is_last_iter(self, runner: Any) -> bool:
-        """Whether the iteration just run is the last one.
-
-        Example:
-            >>> from types import SimpleNamespace
-            >>> RunnerHook().is_last_iter(SimpleNamespace(iter=4, max_iters=5))
-            True
-        """
+        """Whether the iteration just run is the last one."""
         return runner.iter + 1 == _total(runner, 'max_iters')
 
     # The train/val stages call the generic ones, so overriding before_iter covers both.
@@ -141,17 +106,8 @@ _FOLLOWERS: List[type] = []
 
 
 def follows_mmcv(cls: _Class) -> _Class:
-    """Mark ``cls`` (derived from :class:`RunnerHook` alone) to take mmcv's ``Hook`` as its base.
-
-    Its subclasses follow with it, and so do hooks that users derive from
-    them; existing objects too (``isinstance`` reads the class's bases).
-
-    Example:
-        >>> from fp16utils.hooks.api import OptimizerHookApi  # the hooks' marked base
-        >>> OptimizerHookApi in _FOLLOWERS, OptimizerHookApi.__bases__[0].__name__ in (
-        ...     'RunnerHook', 'Hook')
-        (True, True)
-    """
+    """Mark ``cls`` (derived from :class:`RunnerHook` alone), and so its subclasses, to take
+    mmcv's ``Hook`` as its base."""
     _FOLLOWERS.append(cls)
     follow_mmcv()
     return cls

@@ -1,26 +1,8 @@
 """Replace a file's content all at once: :func:`atomic_write`, the one way migrate writes.
 
-The new content goes to a temporary file with a unique name, created exclusively
-(``tempfile.mkstemp``: ``O_CREAT | O_EXCL``, so a link planted under any name is
-never followed) in the target's own folder; it is flushed and fsynced, given the
-mode of the file it replaces, and moved onto the target with ``os.replace``.
-Readers see the old file or the new one, never half of one; two concurrent writers
-never share a temporary file; on any failure the temporary file is removed and the
-target is left as it was.
-
-A file that is marked read-only (no write bit at all) is refused, even for root.
-
-Symbolic links: a target that is a link is written *through* it, on purpose: the
-link is resolved once (``os.path.realpath``) and the file it points to is replaced,
-so the link stays a link. A link that points nowhere, or into a loop, is refused.
-Standard library only.
-
-Example:
-    >>> import pathlib, tempfile
-    >>> f = pathlib.Path(tempfile.mkdtemp()) / 'out.py'
-    >>> atomic_write(f, b'x = 1' + bytes([10]))
-    >>> f.read_text()
-    'x = 1\\n'
+A unique temporary file beside the target, fsynced, given the target's mode, moved
+onto it with ``os.replace``; a link is written through, a read-only file refused. See
+"Files are written atomically" in docs/design/reliability.md.
 """
 
 from __future__ import annotations
@@ -33,20 +15,7 @@ __all__ = ['atomic_write']
 
 
 def resolve_target(path: str | os.PathLike[str]) -> str:
-    """The file a write to ``path`` lands in: ``path`` itself, or where its links lead.
-
-    Raises:
-        OSError: ``path`` is a link that points nowhere (or into a loop), or is an
-            existing folder or other non-regular file (a FIFO, a device).
-
-    Example:
-        >>> import os, tempfile
-        >>> d = tempfile.mkdtemp()
-        >>> open(os.path.join(d, 'real.py'), 'w').close()
-        >>> os.symlink('real.py', os.path.join(d, 'link.py'))
-        >>> resolve_target(os.path.join(d, 'link.py')) == os.path.realpath(d + '/real.py')
-        True
-    """
+    """Where a write to ``path`` lands: ``path``, or the file its links lead to; OSError if none."""
     path = os.fspath(path)
     if isinstance(path, bytes):  # pragma: no cover - the command passes str
         path = os.fsdecode(path)
@@ -71,30 +40,7 @@ def resolve_target(path: str | os.PathLike[str]) -> str:
 
 
 def atomic_write(path: str | os.PathLike[str], data: bytes) -> None:
-    """Replace the content of ``path`` with ``data`` atomically (see the module doc).
-
-    Args:
-        path: The file to write; it may not exist yet (its folder must). A link is
-            written through: the file it points to is replaced, the link stays.
-        data: The new content.
-
-    Raises:
-        OSError: The folder is missing or not writable, ``path`` is a folder, a
-            FIFO, a dangling link, ... The target is unchanged and no temporary file
-            is left behind.
-
-    Example:
-        >>> import os, pathlib, tempfile
-        >>> d = pathlib.Path(tempfile.mkdtemp())
-        >>> (d / 'a.py').write_text('old')
-        3
-        >>> os.chmod(d / 'a.py', 0o640)
-        >>> atomic_write(d / 'a.py', b'new')
-        >>> (d / 'a.py').read_text(), oct(os.stat(d / 'a.py').st_mode & 0o777)
-        ('new', '0o640')
-        >>> sorted(p.name for p in d.iterdir())
-        ['a.py']
-    """
+    """Replace the content of ``path`` with ``data``; on OSError the target is unchanged."""
     target = resolve_target(path)
     folder = os.path.dirname(os.path.abspath(target))
     try:

@@ -1,15 +1,8 @@
 """A 0.x ``loss_scale`` (mmcv's hook, ``fp16`` key or runner) as ``AmpOptimWrapper`` takes it.
 
-mmcv's ``Fp16OptimizerHook``/``LossScaler`` spell a scale as a number,
-``'dynamic'`` or a dict (``mode``, ``init_scale``, ``scale_factor``,
-``scale_window``); the 1.x wrappers take a number, ``'dynamic'`` or a dict of
-``torch.amp.GradScaler`` arguments. Standard library only.
-
-Example:
-    >>> problems = []
-    >>> convert_loss_scale(dict(init_scale=512, scale_factor=2., scale_window=500),
-    ...                    'fp16.loss_scale', problems), problems
-    ({'init_scale': 512, 'growth_factor': 2.0, 'backoff_factor': 0.5, 'growth_interval': 500}, [])
+mmcv spells a scale as a number, ``'dynamic'`` or a ``LossScaler`` dict (``mode``,
+``init_scale``, ``scale_factor``, ``scale_window``); the 1.x wrappers take a number,
+``'dynamic'`` or a dict of ``torch.amp.GradScaler`` arguments.
 """
 
 from __future__ import annotations
@@ -29,17 +22,7 @@ MMCV_DEFAULT_INIT_SCALE = float(2**32)
 
 
 def convert_loss_scale(value: Any, where: str, problems: list[str]) -> Any:
-    """Translate a 0.x ``loss_scale`` into the value ``AmpOptimWrapper`` takes.
-
-    Args:
-        value: The 0.x value.
-        where: Its dotted key, for the problem lines.
-        problems: What could not be converted safely is appended here, one
-            line each; such a value is kept as it was.
-
-    Returns:
-        The 1.x value.
-    """
+    """The 1.x value of a 0.x ``loss_scale``; what is unsafe is kept and told in ``problems``."""
     expected = "expected a positive number (static scale), 'dynamic', or a dict of scaler arguments"
     if isinstance(value, str):
         if value == 'dynamic':
@@ -119,7 +102,7 @@ def convert_loss_scale(value: Any, where: str, problems: list[str]) -> Any:
                 'kept as is, remove or rename it'
             )
             out[key] = val
-    if len(problems) == problems_before:  # what the wrappers will say of it, said now
+    if len(problems) == problems_before:  # what the wrappers would say when built, said here
         try:
             parse_loss_scale(out, where)
         except ValueError as err:

@@ -1,15 +1,7 @@
 """Config files: read a Python config (with its ``_base_`` files) and write one back.
 
 :func:`load_config` runs the file and keeps its top-level values; :func:`format_config`
-writes a config dict as a readable Python file. Standard library only.
-
-Example:
-    >>> import pathlib, tempfile
-    >>> d = pathlib.Path(tempfile.mkdtemp())
-    >>> _ = (d / 'base.py').write_text("optimizer = dict(type='SGD', lr=0.1)")
-    >>> _ = (d / 'c.py').write_text("_base_ = 'base.py'" + chr(10) + 'optimizer = dict(lr=0.2)')
-    >>> print(format_config(load_config(d / 'c.py')), end='')
-    optimizer = dict(type='SGD', lr=0.2)
+writes a config dict as a readable Python file that loads back equal.
 """
 
 from __future__ import annotations
@@ -29,11 +21,11 @@ __all__ = ['format_config', 'load_config']
 
 
 def load_config(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a Python config file (top-level assignments), resolving ``_base_``.
+    """Read a Python config file (its top-level values), merged onto its ``_base_`` files.
 
-    Base files are resolved relative to the file that names them and merged
-    first; the file's own values are merged into them (dicts recursively, a
-    dict with ``_delete_=True`` replaces the base one).
+    The file is *executed*, as mmcv's ``Config.fromfile`` does: never load a config you
+    do not trust. Bases are named relative to the file and merged first, dicts
+    recursively (``_delete_=True`` replaces the base dict).
 
     Args:
         path: The config file.
@@ -41,20 +33,16 @@ def load_config(path: str | os.PathLike[str]) -> dict[str, Any]:
     Returns:
         The config as a dict.
 
-    The file is *executed* (as mmcv's ``Config.fromfile`` does): never load a
-    config you do not trust.
-
     Raises:
-        UsageError: When the file does not exist or is not a file.
-        CommandError: When it (or a ``_base_`` file) cannot be read or executed
-            (exceptions and ``exit()`` included), or ``_base_`` is not a file
-            name or a list of them, is missing, or the bases form a cycle.
+        UsageError: The file does not exist or is not a file.
+        CommandError: It or a ``_base_`` file cannot be read or run (``exit()``
+            included), ``_base_`` is not file names, is missing, or is a cycle.
 
     Example:
-        >>> import tempfile, os
-        >>> d = tempfile.mkdtemp()
-        >>> _ = open(os.path.join(d, 'c.py'), 'w').write('fp16 = dict(loss_scale=512.)')
-        >>> load_config(os.path.join(d, 'c.py'))
+        >>> import pathlib, tempfile
+        >>> f = pathlib.Path(tempfile.mkdtemp()) / 'c.py'
+        >>> _ = f.write_text('fp16 = dict(loss_scale=512.)')
+        >>> load_config(f)
         {'fp16': {'loss_scale': 512.0}}
     """
     return _load_config(Path(path), ())
@@ -146,13 +134,10 @@ def _merge(base: dict[str, Any], child: dict[str, Any]) -> dict[str, Any]:
 def format_config(cfg: dict[str, Any]) -> str:
     """Write a config dict as a readable Python config file that loads back equal.
 
-    Dicts whose keys are identifiers (and not keywords) are written as
-    ``dict(key=value)``, others as ``{...}`` literals. Only values that a Python
-    literal can carry are accepted (None, bool, int, float and complex, str,
-    bytes, and lists, tuples, dicts and sets of them); an infinite or nan float
-    is written ``float('inf')``, ``float('-inf')`` or ``float('nan')``. The text is
-    parsed back and compared with ``cfg`` (a nan equal to a nan) before it is
-    returned.
+    ``dict(key=value)`` where the keys are names, ``{...}`` otherwise; values must be
+    literals (None, bool, numbers, str, bytes, and lists, tuples, dicts and sets of
+    them); inf and nan are written ``float('inf')``, ``float('nan')``. The text is
+    loaded back and compared with ``cfg`` before it is returned.
 
     Args:
         cfg: The config; its keys must be identifiers that are not keywords.
@@ -161,16 +146,12 @@ def format_config(cfg: dict[str, Any]) -> str:
         The text of the config file.
 
     Raises:
-        ValueError: Naming the key whose value cannot be written as a literal (a
-            class, a function, ...), or when the text would not load back to an
-            equal dict.
+        ValueError: Naming the key whose value is not a literal (a class, a function,
+            ...), or when the text would not load back equal.
 
     Example:
         >>> print(format_config({'optim_wrapper': {'type': 'AmpOptimWrapper'}}), end='')
         optim_wrapper = dict(type='AmpOptimWrapper')
-        >>> print(format_config({'x': float('inf'), 'y': [float('nan')]}), end='')
-        x = float('inf')
-        y = [float('nan')]
     """
     for key in cfg:
         if not _key_is_name(key):

@@ -1,13 +1,7 @@
 """Convert 0.x training configs to the 1.x ``optim_wrapper`` style, and switch on AMP.
 
-:func:`convert_config` (warns or raises per problem) and :func:`convert_config_report`
-(returns the problems) do the conversion; :func:`enable_amp` is the ``--amp`` switch
-for a 1.x config. Standard library only.
-
-Example:
-    >>> new = convert_config(dict(optimizer=dict(type='Adam', lr=1e-3)))
-    >>> enable_amp(new, 'bfloat16')['optim_wrapper']
-    {'type': 'AmpOptimWrapper', 'optimizer': {'type': 'Adam', 'lr': 0.001}, 'dtype': 'bfloat16'}
+:func:`convert_config` warns or raises per problem, :func:`convert_config_report` returns
+the problems; :func:`enable_amp` is the ``--amp`` switch for a 1.x config.
 """
 
 from __future__ import annotations
@@ -18,7 +12,8 @@ from collections.abc import Mapping
 from typing import Any, Optional
 
 from .._args.spec import PLUGIN_MODULE, PLUGIN_NAMES
-from ._converter import ConfigConverter, wrapper_entries, wrapper_layout
+from ._config_converter import ConfigConverter
+from ._wrapper_layout import wrapper_entries, wrapper_layout
 
 __all__ = [
     'ConfigConversionError',
@@ -34,14 +29,13 @@ _PLUGIN_WRAPPERS = {PLUGIN_NAMES[k]: k for k in _WRAPPER_TYPES}
 
 
 class MigrationWarning(UserWarning):
-    """A part of a config or codebase that could not be migrated safely.
+    """A part of a config that could not be converted safely (``strict=False``).
 
     Example:
         >>> import warnings
         >>> with warnings.catch_warnings(record=True) as caught:
         ...     warnings.simplefilter('always')
-        ...     _ = convert_config({'optimizer': dict(generator=dict(type='Adam')),
-        ...                         'train_cfg': dict(disc_steps=5, batch_accumulation_steps=2)})
+        ...     _ = convert_config({'fp16': dict(loss_scale='huge')})
         >>> caught[0].category is MigrationWarning
         True
     """
@@ -51,7 +45,7 @@ class ConfigConversionError(ValueError):
     """Raised by ``convert_config(cfg, strict=True)`` when a key cannot be converted safely.
 
     Attributes:
-        problems: one human-readable line per problem, each starting with the key.
+        problems: one line per problem, each starting with the key.
 
     Example:
         >>> try:
@@ -72,26 +66,24 @@ class ConfigConversionError(ValueError):
         )
 
 
-
 def convert_config_report(cfg: Mapping[str, Any], plugin: bool = False
                           ) -> tuple[dict[str, Any], list[str]]:
-    """Convert a 0.x training config to 1.x and return the problems instead of warning.
-
-    The rules are those of :func:`convert_config`; this function never warns or
-    raises for a conversion problem, it lists them.
+    """Convert a 0.x training config as :func:`convert_config` does; return the problems.
 
     Args:
-        cfg: the 0.x config as a dict (e.g. the globals of a config file). Not modified.
-        plugin: write the names of the MMEngine plug-in, see :func:`convert_config`.
+        cfg: the 0.x config as a dict. Not modified.
+        plugin: write the names of the MMEngine plug-in, as :func:`convert_config` does.
 
     Returns:
         ``(new_cfg, problems)``: a new dict, and one line per key that could not be
-        converted safely (empty when the conversion is exact).
+        converted safely (none when the conversion is exact). Nothing is warned.
+
+    Raises:
+        TypeError: ``cfg`` is not a mapping.
 
     Example:
         >>> new, problems = convert_config_report(
-        ...     dict(optimizer=dict(type='SGD', lr=0.1),
-        ...          optimizer_config=dict(grad_clip='35')))
+        ...     dict(optimizer=dict(type='SGD', lr=0.1), optimizer_config=dict(grad_clip='35')))
         >>> new['optim_wrapper']['type'], len(problems)
         ('OptimWrapper', 1)
     """
@@ -130,56 +122,33 @@ def convert_config(cfg: Mapping[str, Any], strict: bool = False,
                    plugin: bool = False) -> dict[str, Any]:
     """Convert a 0.x (mmcv 1.x era) training config to the 1.x ``optim_wrapper`` style.
 
-    Rules:
-
-    * ``optimizer`` + ``optimizer_config`` (``OptimizerHook``, ``Fp16OptimizerHook``,
-      ``GradientCumulative[Fp16]OptimizerHook``) + ``fp16`` become one
-      ``optim_wrapper``: ``type`` is ``'AmpOptimWrapper'`` when fp16 was on, else
-      ``'OptimWrapper'``; ``grad_clip`` becomes ``clip_grad``, ``cumulative_iters``
-      becomes ``accumulative_counts``, ``paramwise_cfg`` moves next to the optimizer.
-    * ``loss_scale``: a number stays a (static) float, ``'dynamic'`` stays; a dict in
-      mmcv ``LossScaler`` names becomes GradScaler names (``scale_factor`` ->
-      ``growth_factor`` and ``backoff_factor = 1 / scale_factor``, ``scale_window`` ->
-      ``growth_interval``; ``mode='static'`` -> the float ``init_scale``). fp16 on
-      without a loss_scale means mmcv's default, a static 512.
-    * ``runner.fp16_loss_scaler`` (MMEditing/MMGeneration) becomes ``AmpOptimWrapper``
-      with ``loss_scale=<that dict>``; the key leaves ``runner`` (an emptied runner goes).
-    * ``optimizer = dict(generator=dict(type=...), discriminator=dict(...))`` becomes a
-      ``MultiOptimWrapperConstructor`` config with one entry per submodule.
-    * ``train_cfg`` ``disc_steps``/``gen_steps``/``batch_accumulation_steps`` become
-      ``model.discriminator_steps = disc_steps // batch_accumulation_steps``,
-      ``model.generator_steps = gen_steps`` and ``accumulative_counts`` on each wrapper;
-      other train_cfg keys stay.
-    * Everything else (``model`` type, ``lr_config``, ``total_epochs``, ``log_config``,
-      unknown keys) is kept untouched. Model changes outside fp16 (e.g. a renamed model
-      type) are not this function's business.
+    ``optimizer``, ``optimizer_config``, ``fp16`` and ``runner.fp16_loss_scaler`` become
+    one ``optim_wrapper`` (``AmpOptimWrapper`` when fp16 was on, the loss scale in
+    GradScaler's names); a per-submodule ``optimizer`` becomes a
+    ``MultiOptimWrapperConstructor`` config, the GAN ``train_cfg`` steps model and
+    wrapper keys; the rest stays. Every rule: the guide *Convert a config*.
 
     Args:
-        cfg: the 0.x config as a dict. It is not modified.
-        strict: raise :class:`ConfigConversionError` if anything could not be
-            converted safely, instead of warning.
-        plugin: write a config for MMEngine's Runner with this package's plug-in:
-            ``custom_imports=dict(imports=['fp16utils.mmengine'])``, the plug-in's
-            wrapper names (``'Fp16utilsAmpOptimWrapper'``, ...) and constructors
-            (``'Fp16utilsOptimWrapperConstructor'`` /
-            ``'Fp16utilsMultiOptimWrapperConstructor'``). :func:`build_optim_wrapper`
-            reads these names too.
+        cfg: the 0.x config as a dict. Not modified.
+        strict: raise on a key that cannot be converted safely, instead of warning.
+        plugin: write a config for MMEngine's Runner with this package's plug-in
+            (``custom_imports``, the ``Fp16utils...`` wrapper and constructor names).
 
     Returns:
         A new config dict.
 
     Raises:
         ConfigConversionError: with ``strict=True``, listing every problem by key.
+        TypeError: ``cfg`` is not a mapping.
 
     Warns:
         MigrationWarning: one per problem, with ``strict=False``.
 
     Example:
-        >>> cfg = dict(optimizer=dict(type='Adam', lr=1e-3),
-        ...            runner=dict(fp16_loss_scaler=dict(init_scale=512)))
+        >>> cfg = dict(optimizer=dict(type='Adam', lr=1e-3), fp16=dict(loss_scale=512.))
         >>> convert_config(cfg)
         {'optim_wrapper': {'type': 'AmpOptimWrapper', 'optimizer': {'type': 'Adam', \
-'lr': 0.001}, 'loss_scale': {'init_scale': 512}}}
+'lr': 0.001}, 'loss_scale': 512.0}}
     """
     new_cfg, problems = convert_config_report(cfg, plugin)
     if problems:
@@ -193,17 +162,11 @@ def convert_config(cfg: Mapping[str, Any], strict: bool = False,
 def enable_amp(cfg: Mapping[str, Any], dtype: Optional[str] = None) -> dict[str, Any]:
     """Switch a 1.x config to mixed precision: the ``--amp`` command-line switch.
 
-    Every wrapper (the single ``optim_wrapper``, or each entry of a
-    ``MultiOptimWrapperConstructor`` config) becomes ``type='AmpOptimWrapper'`` with
-    ``loss_scale='dynamic'`` (a loss_scale already there is kept), and ``dtype=dtype``
-    when one is given. ``'bfloat16'`` needs no loss scaling, so none is added.
-    ``'auto'`` is written as it is: the wrapper resolves it when it is built
-    (bfloat16 where native on the model's device, else float16 with the dynamic
-    loss scale, else float32).
-    A wrapper that is already an ``AmpOptimWrapper`` is left as it is (with a warning
-    when ``dtype`` is given: it is not applied to that wrapper).
-    The plug-in's names (``convert_config(cfg, plugin=True)``) are switched the same
-    way: ``'Fp16utilsOptimWrapper'`` becomes ``'Fp16utilsAmpOptimWrapper'``.
+    Each wrapper (``optim_wrapper`` or each entry of a ``MultiOptimWrapperConstructor``
+    config; the plug-in's names too) becomes an ``AmpOptimWrapper`` with
+    ``loss_scale='dynamic'`` unless it has one or ``dtype`` is ``'bfloat16'``, and
+    ``dtype=dtype`` when given (``'auto'`` is resolved when the wrapper is built). One
+    that already is an ``AmpOptimWrapper`` is left as it is.
 
     Args:
         cfg: a 1.x config (with ``optim_wrapper``). Not modified.
@@ -214,13 +177,13 @@ def enable_amp(cfg: Mapping[str, Any], dtype: Optional[str] = None) -> dict[str,
         A new config dict.
 
     Raises:
-        ValueError: no ``optim_wrapper`` (a 0.x config: run :func:`convert_config`
-            first), an unknown ``dtype``, or a wrapper type other than
-            ``OptimWrapper``/``AmpOptimWrapper`` (or the plug-in's names of them).
+        ValueError: no ``optim_wrapper`` (run :func:`convert_config` first), an unknown
+            ``dtype``, or a wrapper type other than ``OptimWrapper``/``AmpOptimWrapper``.
+        TypeError: ``cfg`` is not a mapping.
 
     Warns:
-        MigrationWarning: for each wrapper that already was an ``AmpOptimWrapper``,
-            when ``dtype`` is given.
+        MigrationWarning: a wrapper that already was an ``AmpOptimWrapper``, when
+            ``dtype`` is given (it is not applied there).
 
     Example:
         >>> enable_amp(dict(optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.1))))

@@ -1,17 +1,7 @@
-"""The two errors of the ``fp16utils`` command: a usage mistake and a failure.
+"""The ``fp16utils`` command's two errors, and how a file is named in them.
 
-They live here, with the standard library only, because reading a config file
-(:mod:`fp16utils.migrate.config_files`) raises them too, and the migrate tools never
-import the command. The command turns a :class:`UsageError` into exit code 2 and a
-:class:`CommandError` into exit code 1, each as one line on stderr, where a file
-is named as :func:`shown_path` writes it.
-
-Example:
-    >>> try:
-    ...     raise UsageError('cfg.py: no such config file')
-    ... except UsageError as err:
-    ...     str(err)
-    'cfg.py: no such config file'
+The command turns a :class:`UsageError` into exit code 2 and a :class:`CommandError`
+into exit code 1, each one line on stderr; reading a config file raises them too.
 """
 
 from __future__ import annotations
@@ -31,16 +21,7 @@ class CommandError(Exception):
 
 
 def shown_path(path: str | bytes | os.PathLike) -> str:
-    """``path`` as text that names the file when pasted into a shell.
-
-    A printable name that the terminal's encoding (``sys.stdout``'s) writes as its
-    bytes on disk is shown as it is; any other in bash's ``$'...'`` quoting, each
-    character that it cannot write so as the ``\\xHH`` escapes of those bytes.
-
-    Example:
-        >>> shown_path('cfg.py'), shown_path(b'caf\\xe9.py')
-        ('cfg.py', "$'caf\\\\xe9.py'")
-    """
+    """``path`` as text that pastes into a shell: as it is, or in bash's ``$'...'`` quoting."""
     text = os.fsdecode(path)
     encoding = getattr(sys.stdout, 'encoding', None) or 'utf-8'
     if text.isprintable() and _shows(text, encoding):  # (an undecodable byte is not)

@@ -1,15 +1,6 @@
 """Find every 0.x fp16 usage in a source tree: :func:`scan` and its findings.
 
-The files are read with :mod:`ast`, never imported or run: imports of the 0.x fp16
-names from mm* packages, ``@auto_fp16``/``@force_fp32``, ``fp16_enabled`` and the
-fp16 keys of 0.x config files, each with the 1.x step to take.
-
-Example:
-    >>> import pathlib, tempfile
-    >>> d = pathlib.Path(tempfile.mkdtemp())
-    >>> _ = (d / 'm.py').write_text('fp16 = dict(loss_scale=512.)' + chr(10))
-    >>> [f.kind for f in scan(d)]
-    ['config-fp16']
+Files are read with :mod:`ast`, never imported or run; each finding says the 1.x step.
 """
 
 from __future__ import annotations
@@ -20,7 +11,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from .._args.keys import FP16_HOOK_ARGS, unknown_keys_message
-from ._source import (
+from ._source_files import (
     FP16_MODULE_LEAVES,
     FP16_NAMES,
     MM_PACKAGES,
@@ -50,22 +41,19 @@ class Finding:
         path: the file, as reached from the scanned path.
         line: 1-based line number.
         col: 1-based column (in characters).
-        kind: one of ``import``, ``module-import``, ``star-import``,
-            ``attribute-use``, ``decorator``, ``bare-decorator``,
-            ``forward-decorator``, ``fp16-enabled``, ``config-fp16``,
-            ``config-optimizer-hook``, ``config-runner-scaler``, ``syntax-error``,
-            ``unreadable`` (a file or folder that could not be read, decoded or
-            parsed: it was not scanned).
+        kind: ``import``, ``module-import``, ``star-import``, ``attribute-use``,
+            ``decorator``, ``bare-decorator``, ``forward-decorator``, ``fp16-enabled``,
+            ``config-fp16``, ``config-optimizer-hook``, ``config-runner-scaler``, or
+            ``syntax-error``/``unreadable`` for a file or folder that was not scanned.
         message: what was found.
         suggestion: the 1.x step to take.
 
     Example:
-        >>> import os, tempfile
-        >>> d = tempfile.mkdtemp()
-        >>> with open(os.path.join(d, 'm.py'), 'w') as f:
-        ...     _ = f.write('from mmcv.runner import auto_fp16' + chr(10))
-        >>> [(x.line, x.kind) for x in scan(d)]
-        [(1, 'import')]
+        >>> import pathlib, tempfile
+        >>> f = pathlib.Path(tempfile.mkdtemp()) / 'm.py'
+        >>> _ = f.write_text('from mmcv.runner import auto_fp16' + chr(10))
+        >>> print(scan(f)[0])  # doctest: +ELLIPSIS
+        /.../m.py:1:1: [import] imports auto_fp16 from mmcv.runner
     """
 
     path: str
@@ -77,7 +65,6 @@ class Finding:
 
     def __str__(self) -> str:
         return f'{self.path}:{self.line}:{self.col}: [{self.kind}] {self.message}'
-
 
 
 def _dotted(node: ast.AST) -> Optional[str]:
@@ -118,11 +105,7 @@ _MIGRATE_HINT = 'fp16utils migrate CONFIG.py (convert_config)'
 
 
 class _Scanner:
-    """One file's findings: every node of the tree, then the config assignments at top level.
-
-    The nodes are taken from ``ast.walk`` (breadth first, parents before children,
-    no recursion), so an expression of any length that the parser read is scanned.
-    """
+    """One file's findings; ``ast.walk`` (no recursion) reaches an expression of any length."""
 
     def __init__(self, src: Source, tree: ast.Module) -> None:
         self.src = src
@@ -284,13 +267,10 @@ class _Scanner:
 
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
         for stmt in node.body:  # ``fp16_enabled = False`` as a class attribute
-            targets = (
-                stmt.targets
-                if isinstance(stmt, ast.Assign)
-                else [stmt.target]
-                if isinstance(stmt, ast.AnnAssign)
-                else []
-            )
+            if isinstance(stmt, ast.Assign):
+                targets = stmt.targets
+            else:
+                targets = [stmt.target] if isinstance(stmt, ast.AnnAssign) else []
             for target in targets:
                 if isinstance(target, ast.Name) and target.id == 'fp16_enabled':
                     self.add(
@@ -368,23 +348,21 @@ class _Scanner:
 def scan(path: str | os.PathLike[str]) -> list[Finding]:
     """Find every 0.x fp16 usage in a Python file or under a folder.
 
-    Reported: imports of the 0.x fp16 names (``auto_fp16``, ``force_fp32``,
-    ``wrap_fp16_model``, ``LossScaler``, ``Fp16OptimizerHook``, ...) from any mm*
-    package; module imports of ``...fp16_utils``; ``@auto_fp16``/``@force_fp32``
-    (bare ``@auto_fp16`` is reported as a bug, ``@auto_fp16()`` on ``forward`` as
-    redundant under ``AmpOptimWrapper``); ``fp16_enabled``; and the config keys
-    ``fp16 = dict(...)``, ``optimizer_config = dict(type='Fp16OptimizerHook', ...)``
-    and ``runner = dict(fp16_loss_scaler=...)``. Hidden folders, ``__pycache__`` and
-    virtual environments are skipped; a file that does not parse gives one
-    ``syntax-error`` finding, and a file or folder that cannot be read (permission,
-    not a regular file, not decodable, nested too deeply) one ``unreadable``
-    finding: an empty result means everything was read.
+    Reported: imports of the 0.x fp16 names from any mm* package, and of its
+    ``fp16_utils`` modules; ``@auto_fp16``/``@force_fp32``; ``fp16_enabled``; the config
+    keys ``fp16``, ``optimizer_config`` with an fp16 hook, ``runner.fp16_loss_scaler``.
+    A file or folder that was not read gives one ``syntax-error`` or ``unreadable``
+    finding, so an empty result means everything was read and is clean.
 
     Args:
-        path: a .py file or a folder.
+        path: a .py file or a folder (hidden folders, ``__pycache__`` and virtual
+            environments are skipped).
 
     Returns:
         The findings, sorted by (path, line, col).
+
+    Raises:
+        FileNotFoundError: ``path`` is neither a file nor a folder.
 
     Example:
         >>> import tempfile, pathlib

@@ -1,35 +1,13 @@
-"""1.x-style optimizer wrappers: ``OptimWrapper``, ``AmpOptimWrapper``, ``OptimWrapperDict``.
+"""1.x-style optimizer wrappers: :class:`OptimWrapper`, :class:`AmpOptimWrapper`,
+:class:`OptimWrapperDict`, and :func:`build_optim_wrapper`, which builds them from a config.
 
-An optimizer wrapper owns everything that happens between a loss and a
-parameter update: the loss division for gradient accumulation, the backward
-pass, loss scaling, gradient clipping, skipping non-finite steps and zeroing
-the gradients. A training step then reads::
+A wrapper owns what happens between a loss and a parameter update (the loss division
+for accumulation, backward, loss scaling, clipping, skipping non-finite steps, zeroing);
+the step engine (:mod:`fp16utils.engine`) says how a step is taken. A training step::
 
     with optim_wrapper.optim_context(model):
         loss = model(inputs).loss
     optim_wrapper.update_params(loss)
-
-How a step is taken is the business of the step engine
-(:mod:`fp16utils.engine`); the wrappers say when. :class:`AmpOptimWrapper`
-runs the forward inside ``torch.autocast`` on the model's device (CPU
-included) and scales the loss with ``torch.amp.GradScaler`` (native backend),
-or keeps float32 master weights for a half model and scales with
-:class:`~fp16utils.LossScaler` (legacy backend). :class:`OptimWrapperDict`
-groups one wrapper per sub-model (GANs), and :func:`build_optim_wrapper`
-builds any of them from a config dict.
-
-Example:
-    >>> import torch
-    >>> from torch import nn
-    >>> from fp16utils.optim import AmpOptimWrapper
-    >>> model = nn.Linear(4, 2)
-    >>> wrapper = AmpOptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1))
-    >>> with wrapper.optim_context(model):
-    ...     loss = model(torch.full((2, 4), 0.1)).float().mean()
-    >>> wrapper.update_params(loss).stepped
-    True
-    >>> wrapper.skipped_steps, wrapper.loss_scale
-    (0, 65536.0)
 """
 
 from .._args.spec import MIN_LOSS_SCALE, NONFINITE_POLICIES, SCALE_HISTORY_LEN

@@ -1,12 +1,4 @@
-"""``build_optim_wrapper``: optimizer wrappers from a 1.x ``optim_wrapper`` config.
-
-Example:
-    >>> from torch import nn
-    >>> wrapper = build_optim_wrapper(nn.Linear(2, 1), dict(
-    ...     type='AmpOptimWrapper', optimizer=dict(type='SGD', lr=0.1), loss_scale=512.))
-    >>> type(wrapper).__name__, wrapper.loss_scale
-    ('AmpOptimWrapper', 512.0)
-"""
+"""``build_optim_wrapper``: optimizer wrappers from a 1.x ``optim_wrapper`` config."""
 
 from __future__ import annotations
 
@@ -19,6 +11,7 @@ from torch import nn
 from .._args.spec import PLUGIN_NAMES, check_positive_int, parse_clip_grad, parse_loss_scale
 from .._torch import models, versions
 from ..fp32_modules import check_fp32_modules
+from ..precision import is_auto
 from .amp import AmpOptimWrapper, deferred_model_conversion, resolve_cast_dtype
 from .constructor import check_paramwise_cfg, paramwise_groups
 from .wrapper import OptimWrapper
@@ -91,14 +84,15 @@ def _plan(cfg: Mapping[str, Any], where: str) -> _Plan:
             raise ValueError(f'{where}.optimizer: unknown optimizer type {otype!r}; expected '
                              f'a torch.optim class name, one of {sorted(classes)}.')
         opt_cls = classes[otype]
-    # Validate the wrapper arguments now, so that building changes nothing on error.
+    # Validate the wrapper arguments before building, so that an error changes nothing.
     paramwise = check_paramwise_cfg(cfg.pop('paramwise_cfg', None), opt_kwargs, where)
     owner = f'{where} ({wrapper_cls.__name__})'
     check_positive_int(cfg.get('accumulative_counts', 1), owner, 'accumulative_counts')
     parse_clip_grad(cfg.get('clip_grad'), owner)
     if is_amp:
         parse_loss_scale(cfg.get('loss_scale', 'dynamic'), owner)
-        resolve_cast_dtype(cfg.get('dtype'))
+        if not is_auto(cfg.get('dtype')):  # 'auto': the wrapper resolves it on its device
+            resolve_cast_dtype(cfg.get('dtype'))
         check_fp32_modules(cfg.get('fp32_modules'), f'{owner}.fp32_modules')
         versions.resolve_backend(cfg.get('backend'))
     return _Plan(where, wrapper_cls, opt_cls, opt_kwargs, cfg, paramwise)
@@ -129,46 +123,39 @@ def build_optim_wrapper(model: nn.Module, cfg: Mapping[str, Any]
                         ) -> Union[OptimWrapper, OptimWrapperDict]:
     """Build an optimizer wrapper (or a dict of them) from a 1.x ``optim_wrapper`` config.
 
-    Single wrapper: ``dict(type='OptimWrapper' | 'AmpOptimWrapper',
-    optimizer=dict(type='Adam', lr=...), accumulative_counts=1,
-    clip_grad=None, paramwise_cfg=None)``, plus ``loss_scale``, ``dtype``,
-    ``use_fsdp``, ``backend``, ``nonfinite``, ``overflow_guard``, ``agree_across_ranks``
-    and ``fp32_modules`` for ``AmpOptimWrapper`` (``dtype='auto'`` picks the native
-    dtype of the model's device).
-    ``paramwise_cfg`` takes the options of MMEngine's
-    ``DefaultOptimWrapperConstructor`` (see :mod:`fp16utils.optim.constructor`)
-    and gives the same param groups. ``constructor`` may be omitted,
-    ``'DefaultOptimWrapperConstructor'`` or ``'OptimWrapperConstructor'``.
-    The names that :mod:`fp16utils.mmengine` registers in MMEngine
-    (:data:`PLUGIN_NAMES`, e.g. ``'Fp16utilsAmpOptimWrapper'``) are read as
-    the classes they stand for, so one config builds here and in MMEngine's
-    Runner.
+    One wrapper: ``dict(type='OptimWrapper' | 'AmpOptimWrapper', optimizer=dict(type='Adam',
+    lr=...), ...)`` plus the wrapper's arguments as keys (``dtype='auto'`` picks the native
+    dtype of the model's device) and ``paramwise_cfg``: the options of MMEngine's
+    ``DefaultOptimWrapperConstructor``, giving the same param groups. ``constructor`` may
+    be omitted, ``'DefaultOptimWrapperConstructor'`` or ``'OptimWrapperConstructor'``.
+    The names that :mod:`fp16utils.mmengine` registers in MMEngine (:data:`PLUGIN_NAMES`,
+    e.g. ``'Fp16utilsAmpOptimWrapper'``) read as the classes they stand for, so one
+    config builds here and in MMEngine's Runner.
 
-    One wrapper per sub-model: ``constructor='MultiOptimWrapperConstructor'``
-    and one such config per attribute name of ``model`` (``generator=dict(...),
-    discriminator=dict(...)``, each with its own ``paramwise_cfg`` if any);
-    each optimizer is built on the parameters of ``getattr(model, name)`` and
-    the result is an :class:`OptimWrapperDict`. The per-name layout is also
-    recognised under ``'OptimWrapperConstructor'`` when the config has no
-    ``optimizer`` key.
+    One wrapper per sub-model: ``constructor='MultiOptimWrapperConstructor'`` and one
+    such config (with its own ``paramwise_cfg``, if any) per attribute name of ``model``
+    (``generator=dict(...), discriminator=dict(...)``); each optimizer is built on the
+    parameters of ``getattr(model, name)``, and the result is an
+    :class:`OptimWrapperDict`. Under ``'OptimWrapperConstructor'`` a config without an
+    ``optimizer`` key whose values are such configs reads the same way.
 
-    Everything is validated before anything is built, so an error leaves the
-    model as it was. On the legacy backend each ``AmpOptimWrapper`` converts
-    its (sub-)model to half and owns its float32 master weights.
+    Everything is validated before anything is built, so an error leaves the model as
+    it was. On the legacy backend each ``AmpOptimWrapper`` converts its (sub-)model to
+    half and owns its float32 master weights.
 
     Args:
-        model: The model (DataParallel / DistributedDataParallel are unwrapped
-            to find sub-models).
+        model: The model (DataParallel / DistributedDataParallel are unwrapped to find
+            sub-models).
         cfg: The config; it is not changed.
 
     Returns:
-        An :class:`OptimWrapper`, :class:`AmpOptimWrapper` or
-        :class:`OptimWrapperDict`.
+        An :class:`OptimWrapper`, :class:`AmpOptimWrapper` or :class:`OptimWrapperDict`.
 
     Raises:
-        ValueError: For an unknown wrapper, optimizer or constructor type, an
-            unknown key, a bad argument, or a sub-model name the model lacks;
-            the message names what exists.
+        ValueError: An unknown wrapper, optimizer or constructor type, an unknown key, a
+            bad argument, or a sub-model name the model lacks; the message names what
+            exists.
+        TypeError: ``model`` is not an ``nn.Module`` or ``cfg`` is not a dict.
 
     Example:
         >>> from torch import nn

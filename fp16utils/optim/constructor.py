@@ -1,33 +1,6 @@
-"""``paramwise_cfg``: per-parameter learning rates and weight decays, as MMEngine sets them.
-
-The options are those of MMEngine's ``DefaultOptimWrapperConstructor``, with
-the same precedence, so a config gives the same param groups under either:
-
-- ``custom_keys``: ``{key: dict(lr_mult=..., decay_mult=..., <other group
-  options>)}``; a parameter whose ``<module path>.<name>`` contains ``key``
-  takes that entry (the longest matching key wins, ties go to the
-  alphabetically first) and no other rule applies to it. Every item of the
-  entry is also copied into the group.
-- ``bias_lr_mult``: biases, except those of norm layers and DCN modules.
-- ``dcn_offset_lr_mult``: the ``conv_offset`` convolutions inside mmcv's
-  deformable convolutions.
-- ``norm_decay_mult``, ``bias_decay_mult``, ``dwconv_decay_mult``,
-  ``flat_decay_mult``: weight decay, the first that applies in this order
-  (norm layers, biases, depthwise convolutions, one-dimensional parameters).
-- ``bypass_duplicate``: a parameter met a second time (shared modules) is
-  left out instead of making the optimizer raise.
-
-Parameters with ``requires_grad=False`` are left out. Each parameter gets a
-group of its own, as in MMEngine.
-
-Example:
-    >>> from torch import nn
-    >>> model = nn.Sequential(nn.Linear(2, 2), nn.LayerNorm(2))
-    >>> cfg = check_paramwise_cfg(dict(norm_decay_mult=0.0, bias_lr_mult=2.0),
-    ...                           dict(lr=0.1, weight_decay=1e-4), 'optim_wrapper')
-    >>> [(g.get('lr'), g.get('weight_decay')) for g in paramwise_groups(model, cfg, 0.1, 1e-4)]
-    [(None, None), (0.2, None), (None, 0.0), (None, 0.0)]
-"""
+"""``paramwise_cfg``: per-parameter learning rates and weight decays with the options and
+precedence of MMEngine's ``DefaultOptimWrapperConstructor`` (docs/reference/config-keys.md):
+one group per parameter; parameters with ``requires_grad=False`` are left out."""
 
 from __future__ import annotations
 
@@ -60,27 +33,7 @@ def _is_number(value: Any) -> bool:
 
 def check_paramwise_cfg(paramwise_cfg: Any, optimizer_cfg: Mapping[str, Any],
                         where: str) -> Dict[str, Any]:
-    """Validate ``paramwise_cfg`` against the optimizer config; return a copy.
-
-    Args:
-        paramwise_cfg: None or a dict of :data:`PARAMWISE_KEYS`.
-        optimizer_cfg: The optimizer config (its ``lr`` and ``weight_decay``
-            are what the multipliers multiply).
-        where: The config path, for error messages.
-
-    Returns:
-        The options as a new dict (empty for None).
-
-    Raises:
-        TypeError: ``paramwise_cfg`` or ``custom_keys`` (or one of its
-            entries) is not a dict, as in MMEngine.
-        ValueError: An unknown option, a multiplier that is not a number, or a
-            decay multiplier without ``weight_decay`` in the optimizer config.
-
-    Example:
-        >>> check_paramwise_cfg(None, dict(lr=0.1), 'optim_wrapper')
-        {}
-    """
+    """Validate ``paramwise_cfg`` against the optimizer config; return a copy ({} for None)."""
     if paramwise_cfg is None:
         return {}
     if not isinstance(paramwise_cfg, Mapping):
@@ -130,27 +83,11 @@ def _is_dcn(module: nn.Module) -> bool:
 
 def paramwise_groups(model: nn.Module, cfg: Mapping[str, Any], base_lr: Optional[float],
                      base_wd: Optional[float]) -> List[Dict[str, Any]]:
-    """One param group per parameter of ``model``, with the options of ``cfg`` applied.
-
-    Args:
-        model: The model (not a DDP wrapper).
-        cfg: A ``paramwise_cfg`` checked by :func:`check_paramwise_cfg`.
-        base_lr: The optimizer config's ``lr``.
-        base_wd: The optimizer config's ``weight_decay`` (None: no decay options apply).
-
-    Returns:
-        Param groups for a torch optimizer: ``{'params': [p], ...}`` each.
-
-    Example:
-        >>> from torch import nn
-        >>> groups = paramwise_groups(nn.Linear(2, 1), dict(bias_decay_mult=0.0), 0.1, 0.5)
-        >>> [g.get('weight_decay') for g in groups]
-        [None, 0.0]
-    """
+    """One param group per parameter of ``model``, with the options of ``cfg`` applied."""
     groups: List[Dict[str, Any]] = []
     seen: set = set()
     custom = cfg.get('custom_keys', {})
-    keys = sorted(sorted(custom), key=len, reverse=True)
+    keys = sorted(sorted(custom), key=len, reverse=True)  # longest first, ties alphabetical
     _add(groups, seen, model, '', False, cfg, custom, keys, base_lr, base_wd)
     return groups
 

@@ -1,18 +1,6 @@
-"""The forward contexts of :meth:`AmpOptimWrapper.optim_context` (besides autocast itself).
-
-:class:`CastIO` is the legacy backend's forward (float32 inputs to half,
-half outputs back to float32), :class:`Guarded` watches an armed overflow
-guard's forward, and :class:`Both` enters two contexts as one.
-
-Example:
-    >>> import contextlib
-    >>> import torch
-    >>> model = torch.nn.Linear(2, 2).to(torch.bfloat16)
-    >>> with Both(contextlib.nullcontext(), CastIO(model, torch.bfloat16)):
-    ...     out = model(torch.ones(1, 2))
-    >>> out.dtype
-    torch.float32
-"""
+"""The forward contexts of :meth:`AmpOptimWrapper.optim_context` besides autocast: the
+legacy backend's input and output casts, the overflow guard's watch, and a pair of
+contexts entered as one."""
 
 from __future__ import annotations
 
@@ -27,20 +15,11 @@ from .._torch import compat
 from ..cast import cast_tensor_type
 from ..engine import OverflowGuard
 
-__all__ = ['Both', 'CastIO', 'Guarded']
+__all__ = ['CastIO', 'Guarded', 'TwoContexts']
 
 
-class Both:
-    """Enter ``outer`` then ``inner``; exit in reverse (a two-item ExitStack, cheaper).
-
-    An exception entering ``inner`` exits ``outer``; what ``inner`` suppresses
-    on exit, ``outer`` does not see.
-
-    Example:
-        >>> import contextlib
-        >>> with Both(contextlib.nullcontext(), contextlib.suppress(KeyError)):
-        ...     raise KeyError('suppressed by the inner context')
-    """
+class TwoContexts:
+    """Enter ``outer`` then ``inner``, exit in reverse: a two-item ExitStack, cheaper."""
 
     __slots__ = ('outer', 'inner')
 
@@ -70,12 +49,7 @@ class Both:
 
 
 class Guarded:
-    """Attach an armed overflow guard's watchers; they stay on until the backward.
-
-    Args:
-        guard: The wrapper's :class:`~fp16utils.engine.OverflowGuard`.
-        model: The model whose forward is watched.
-    """
+    """Attach an armed overflow guard's watchers to ``model``; they stay on until the backward."""
 
     __slots__ = ('guard', 'model')
 
@@ -92,22 +66,7 @@ class Guarded:
 
 
 class CastIO:
-    """Cast ``model``'s float32 inputs to ``dtype`` and its ``dtype`` outputs to float32.
-
-    Forward hooks on ``model`` while the context is open (removed on exit).
-
-    Args:
-        model: The half model (legacy backend).
-        dtype: Its dtype, float16 or bfloat16.
-
-    Example:
-        >>> model = torch.nn.Linear(2, 2).to(torch.bfloat16)
-        >>> with CastIO(model, torch.bfloat16):
-        ...     out = model(torch.ones(1, 2))
-        ...     hooked = len(model._forward_hooks)
-        >>> out.dtype, hooked, len(model._forward_hooks)
-        (torch.float32, 1, 0)
-    """
+    """While open, cast ``model``'s float32 inputs to ``dtype`` and its outputs back to float32."""
 
     __slots__ = ('model', 'dtype', 'handles')
 

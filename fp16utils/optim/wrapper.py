@@ -1,17 +1,5 @@
-"""``OptimWrapper``: an optimizer with gradient accumulation and clipping.
-
-Example:
-    >>> import torch
-    >>> from torch import nn
-    >>> model = nn.Linear(2, 1)
-    >>> wrapper = OptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1))
-    >>> with wrapper.optim_context(model):
-    ...     loss = model(torch.ones(1, 2)).sum()
-    >>> wrapper.update_params(loss)
-    StepResult(stepped=True, skipped=False, accumulating=False, scale=None, grad_norm=None)
-    >>> wrapper.inner_count
-    1
-"""
+"""``OptimWrapper``: an optimizer with gradient accumulation and clipping, driven by
+``update_params``; the base of the other wrappers."""
 
 from __future__ import annotations
 
@@ -54,13 +42,7 @@ def _check_optimizer(optimizer: Any, owner: str) -> None:
 
 
 class _Load:
-    """A checked state, loaded in two stages so that several can be loaded all or nothing.
-
-    :meth:`load_optimizer` is the one stage that can still fail (the
-    optimizer's own ``load_state_dict``); it rolls itself back, and
-    :meth:`undo_optimizer` rolls it back later. :meth:`finish` loads the
-    rest, already checked, and cannot fail.
-    """
+    """A checked state, loaded in two stages (optimizer, then the rest) for all-or-nothing."""
 
     __slots__ = ('optimizer', 'state', 'finish', 'undo_optimizer')
 
@@ -98,10 +80,12 @@ class OptimWrapper(Driven):
             ``dict(type='value', clip_value=...)``.
 
     Attributes:
-        grad_norm: The total gradient norm of the last norm-clipped step, as a
-            0-dim tensor (``float()`` it to log; that costs a device sync), or None.
         last_result: The :class:`~fp16utils.StepResult` of the last iteration.
         steps_taken: Optimizer steps really taken (not skipped) by this object.
+
+    Raises:
+        TypeError: ``optimizer`` is not an optimizer.
+        ValueError: A bad ``accumulative_counts`` or ``clip_grad``.
 
     Example:
         >>> import torch
@@ -125,10 +109,8 @@ class OptimWrapper(Driven):
         self._driver = StepDriver(owner, window, StepEngine(parse_clip_grad(clip_grad, owner)))
         self.optimizer = optimizer
         self._inner_count = 0
-        #: With several param groups, a group that holds the optimizer's defaults
-        #: and no parameter, as MMEngine keeps it: param schedulers step its ``lr``
-        #: too, so ``get_lr()['base_lr']`` follows the schedule without the
-        #: per-group multipliers. None with one group.
+        #: With several param groups, MMEngine's group of the optimizer's defaults and no
+        #: parameter: schedulers step its ``lr``, the ``'base_lr'`` of :meth:`get_lr`.
         self.base_param_settings: Optional[Dict[str, Any]] = None
         if len(getattr(optimizer, 'param_groups', ())) > 1:  # a stand-in may have none
             self.base_param_settings = {'params': torch.tensor([0.0]), **optimizer.defaults}
@@ -174,14 +156,11 @@ class OptimWrapper(Driven):
     def clip_grad(self) -> Optional[Dict[str, Any]]:
         """The validated clipping settings (a new dict), or None."""
         clip = self._engine.clip
-        if clip is None:
-            return None
-        kind, kwargs = clip
-        return {'type': kind, **kwargs}
+        return None if clip is None else {'type': clip[0], **clip[1]}
 
     @property
     def grad_norm(self) -> Optional[_Tensor]:
-        """The total gradient norm of the last norm-clipped step (0-dim tensor), or None."""
+        """The total norm of the last norm-clipped step (0-dim tensor: float() syncs), or None."""
         return self._engine.grad_norm
 
     @grad_norm.setter
@@ -190,10 +169,7 @@ class OptimWrapper(Driven):
 
     @property
     def logger(self) -> Any:
-        """Where skipped steps and resume warnings go (anything with ``warning(str)``).
-
-        The ``fp16utils`` logger unless set (the MMEngine plug-in sets MMEngine's).
-        """
+        """Where skipped steps and resume warnings go: the ``fp16utils`` logger unless set."""
         return self._engine.logger
 
     @logger.setter
@@ -210,14 +186,6 @@ class OptimWrapper(Driven):
             init_counts: Iterations already done.
             max_counts: Total iterations; the last ``max_counts %
                 accumulative_counts`` are accumulated as a shorter window.
-
-        Example:
-            >>> import torch
-            >>> w = OptimWrapper(torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=1),
-            ...                  accumulative_counts=4)
-            >>> w.initialize_count_status(torch.nn.Identity(), 0, 6)
-            >>> w.max_counts
-            6
         """
         driver = self._driver
         restored, driver.restored = driver.restored, None
@@ -225,10 +193,10 @@ class OptimWrapper(Driven):
         if restored is not None and restored != self._inner_count:
             for p in self._engine.grad_params(self.optimizer):
                 p.grad = None  # they belong to another iteration: drop them
-        self._driver.window.warn_on_start(model, self._inner_count, restored == self._inner_count,
-                                   self._engine.logger,
-                                   "save the wrapper's state_dict() with the checkpoint")
-        self._driver.window.start(max_counts)
+        driver.window.warn_on_start(model, self._inner_count, restored == self._inner_count,
+                                    self._engine.logger,
+                                    "save the wrapper's state_dict() with the checkpoint")
+        driver.window.start(max_counts)
 
     def should_update(self) -> bool:
         """Whether the optimizer steps after the current backward pass."""
@@ -241,15 +209,7 @@ class OptimWrapper(Driven):
     # -- the step ---------------------------------------------------------------------------
 
     def scale_loss(self, loss: _Tensor) -> _Tensor:
-        """Divide ``loss`` by the number of iterations accumulated in this window.
-
-        Example:
-            >>> import torch
-            >>> w = OptimWrapper(torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=1),
-            ...                  accumulative_counts=4)
-            >>> w.scale_loss(torch.tensor(8.)).item()
-            2.0
-        """
+        """Divide ``loss`` by the number of iterations accumulated in this window."""
         if self._driver.window.counts == 1:
             return loss
         return loss / self._driver.window.divisor(self._inner_count)
@@ -264,11 +224,9 @@ class OptimWrapper(Driven):
             zero_kwargs: Keyword arguments for :meth:`zero_grad`.
 
         Returns:
-            What the iteration did: stepped, skipped, or accumulating (see
-            :class:`~fp16utils.StepResult`); also in :attr:`last_result`.
-
-        An iteration that raises (``KeyboardInterrupt`` too) leaves the wrapper as before
-        it, or completes an applied step; see :mod:`fp16utils.engine.interrupt`.
+            The :class:`~fp16utils.StepResult` (stepped, skipped or accumulating), also
+            in :attr:`last_result`. An iteration that raises (``KeyboardInterrupt``
+            too) leaves the wrapper as before it, or completes a step already applied.
         """
         driver = self._driver
         count, previous = self._inner_count, driver.last_result
@@ -281,7 +239,7 @@ class OptimWrapper(Driven):
         except BaseException:  # its gradients are in place (partly): never applied
             if driver.last_result is previous:  # nothing applied: the iteration did not happen
                 self._inner_count = count
-            driver.leftovers.spent = True
+            driver.raised()
             raise
         return driver.accumulated()
 
@@ -293,12 +251,7 @@ class OptimWrapper(Driven):
         self._inner_count += 1
 
     def step(self, **kwargs: Any) -> StepResult:
-        """Clip the gradients (if configured) and step the optimizer (or skip a bad step).
-
-        Returns:
-            The :class:`~fp16utils.StepResult` (stepped or skipped); also in
-            :attr:`last_result`.
-        """
+        """Clip the gradients (if configured) and step, or skip a bad step: a StepResult."""
         return self._driver.step(self.optimizer, self._inner_count, kwargs)
 
     def zero_grad(self, **kwargs: Any) -> None:
@@ -312,13 +265,12 @@ class OptimWrapper(Driven):
 
         Args:
             model: The model (or the sub-model this wrapper optimizes).
-            cache_enabled: Accepted for :class:`AmpOptimWrapper`'s signature
-                (autocast's weight-cast cache); a full-precision wrapper runs
-                no autocast, so it has no effect here. None, True or False.
+            cache_enabled: None, True or False, as :class:`AmpOptimWrapper`
+                takes it; no effect here (no autocast).
 
         Returns:
-            A context manager (``model.no_sync()`` when the next backward pass
-            only accumulates and the model has it, else a no-op).
+            ``model.no_sync()`` when the next backward pass only accumulates and
+            the model has it, else a no-op context.
         """
         check_cache_enabled(cache_enabled, type(self).__name__)
         if self._skips_sync(model):
@@ -326,27 +278,14 @@ class OptimWrapper(Driven):
         return _NULL_CONTEXT
 
     def _skips_sync(self, model: nn.Module) -> bool:
-        """Whether :meth:`optim_context` enters ``model.no_sync()`` (a plain test that
-        dynamo traces, where comparing context objects it cannot everywhere).
-
-        The model first: a trace that reads the iteration count recompiles at each step.
-        """
+        """Whether :meth:`optim_context` enters ``model.no_sync()`` (a test dynamo traces)."""
         return has_no_sync(model) and not self.should_sync()
 
     # -- optimizer passthrough --------------------------------------------------------------
 
     @property
     def param_groups(self) -> List[Dict[str, Any]]:
-        """The optimizer's ``param_groups``, plus :attr:`base_param_settings` when set.
-
-        Example:
-            >>> import torch
-            >>> a, b = torch.nn.Parameter(torch.ones(1)), torch.nn.Parameter(torch.ones(1))
-            >>> w = OptimWrapper(torch.optim.SGD([{'params': [a]}, {'params': [b], 'lr': 2.}],
-            ...                                  lr=1.))
-            >>> [g['lr'] for g in w.param_groups]
-            [1.0, 2.0, 1.0]
-        """
+        """The optimizer's ``param_groups``, plus :attr:`base_param_settings` when set."""
         if self.base_param_settings is None:
             return self.optimizer.param_groups
         return self.optimizer.param_groups + [self.base_param_settings]
@@ -361,12 +300,6 @@ class OptimWrapper(Driven):
 
         With several groups, ``'base_lr'`` comes first: the scheduled learning
         rate without the per-group multipliers (see :attr:`base_param_settings`).
-
-        Example:
-            >>> import torch
-            >>> OptimWrapper(torch.optim.SGD([torch.nn.Parameter(torch.ones(1))],
-            ...                              lr=0.5)).get_lr()
-            {'lr': [0.5]}
         """
         lrs = [group['lr'] for group in self.optimizer.param_groups]
         if self.base_param_settings is None:
@@ -374,23 +307,9 @@ class OptimWrapper(Driven):
         return {'base_lr': [self.base_param_settings['lr']], 'lr': lrs}
 
     def get_momentum(self) -> Dict[str, List[float]]:
-        """The momentum of each group (``betas[0]`` for Adam-like), as ``{'momentum': [...]}``.
-
-        Example:
-            >>> import torch
-            >>> OptimWrapper(torch.optim.Adam([torch.nn.Parameter(torch.ones(1))])
-            ...              ).get_momentum()
-            {'momentum': [0.9]}
-        """
-        momentum = []
-        for group in self.optimizer.param_groups:
-            if 'momentum' in group:
-                momentum.append(group['momentum'])
-            elif 'betas' in group:
-                momentum.append(group['betas'][0])
-            else:
-                momentum.append(0)
-        return {'momentum': momentum}
+        """The momentum of each group (``betas[0]`` for Adam-like), as ``{'momentum': [...]}``."""
+        return {'momentum': [g['momentum'] if 'momentum' in g else g['betas'][0] if 'betas' in g
+                             else 0 for g in self.optimizer.param_groups]}
 
     # -- state ------------------------------------------------------------------------------
 
@@ -405,13 +324,9 @@ class OptimWrapper(Driven):
     def state_dict(self) -> Dict[str, Any]:
         """The optimizer's state dict, plus ``'pending_window'`` when saved mid-window.
 
-        With several param groups it also holds ``'base_param_settings'``, as
-        MMEngine's does.
-
-        In the middle of an accumulation window, ``'pending_window'`` holds the
-        iteration count and a copy of the gradients accumulated so far (``{'iter': ...,
-        'grads': [...]}``, as the 0.x hooks write it; older versions' ``'inner_count'``
-        loads too), so a resumed run continues the window exactly where it stopped.
+        ``'pending_window'`` is ``{'iter': ..., 'grads': [...]}`` as the 0.x hooks write
+        it (``'inner_count'`` for ``'iter'`` loads too): a resumed run continues the
+        window. With several param groups it holds ``'base_param_settings'`` too.
         """
         state = self.optimizer.state_dict()
         if self.base_param_settings is not None:
@@ -423,14 +338,11 @@ class OptimWrapper(Driven):
         return state
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Load a state written by :meth:`state_dict` (the argument is not changed).
+        """Load a :meth:`state_dict`, all or nothing (the argument is not changed).
 
-        All or nothing: everything is checked before anything is loaded (the
-        scaler state, the statistics, the master weights, the pending window,
-        ``base_param_settings`` and the optimizer state's groups), and an
-        optimizer that refuses its state halfway is rolled back, so a state
-        that does not fit raises and leaves the wrapper, its optimizer and its
-        counters as they were.
+        Everything is checked before anything is loaded, and an optimizer that
+        refuses its state halfway is rolled back: a state that does not fit
+        raises and leaves the wrapper, its optimizer and its counters as they were.
         """
         self._prepare_load(state_dict).commit()
 
@@ -467,8 +379,7 @@ class OptimWrapper(Driven):
         return _Load(self.optimizer, state, rest)
 
     def __getstate__(self) -> Dict[str, Any]:
-        # Tensors pickle without their .grad: keep the gradients being accumulated
-        # (references: pickled with the parameters they belong to).
+        # Tensors pickle without their .grad: keep the accumulated ones (as references).
         state = self.__dict__.copy()
         state['_grads'] = pending_grads(self._engine.grad_params(self.optimizer), copy=False)
         return state

@@ -1,14 +1,4 @@
-"""``OptimWrapperDict``: one optimizer wrapper per sub-model (GANs).
-
-Example:
-    >>> import torch
-    >>> from torch import nn
-    >>> from fp16utils import OptimWrapper
-    >>> wrappers = OptimWrapperDict(gen=OptimWrapper(torch.optim.SGD(nn.Linear(1, 1)
-    ...                                                                .parameters(), lr=0.1)))
-    >>> list(wrappers)
-    ['gen']
-"""
+"""``OptimWrapperDict``: one optimizer wrapper per sub-model (GANs)."""
 
 from __future__ import annotations
 
@@ -37,11 +27,7 @@ _Tensor = torch.Tensor
 
 
 class _EntryTypeError(TypeError, AssertionError):
-    """A dict entry that is not an optimizer wrapper.
-
-    A TypeError, and an AssertionError too, as MMEngine's ``OptimWrapperDict``
-    raises for it, so code written against either catches it.
-    """
+    """An entry that is not a wrapper: a TypeError, and an AssertionError as in MMEngine."""
 
 
 class OptimWrapperDict:
@@ -57,6 +43,10 @@ class OptimWrapperDict:
 
     Args:
         **wrappers: One :class:`OptimWrapper` (or subclass) per name.
+
+    Raises:
+        TypeError: An entry that is not an optimizer wrapper (an AssertionError
+            too, as MMEngine raises).
 
     Example:
         >>> import torch
@@ -119,17 +109,7 @@ class OptimWrapperDict:
     def last_results(self) -> Dict[str, Any]:
         """``{name: entry.last_result}``: each entry's last :class:`~fp16utils.StepResult`.
 
-        None for an entry that has not run an iteration yet (or that keeps no
-        result, such as another library's wrapper).
-
-        Example:
-            >>> import torch
-            >>> from fp16utils import OptimWrapper
-            >>> p = torch.nn.Parameter(torch.ones(1))
-            >>> d = OptimWrapperDict(a=OptimWrapper(torch.optim.SGD([p], lr=1.0)))
-            >>> _ = d['a'].update_params(p.sum())
-            >>> d.last_results['a'].stepped
-            True
+        None for an entry that has not run an iteration yet (or keeps no result).
         """
         return {name: getattr(w, 'last_result', None) for name, w in self.optim_wrappers.items()}
 
@@ -162,12 +142,10 @@ class OptimWrapperDict:
         return {name: w.state_dict() for name, w in self.optim_wrappers.items()}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Load ``{name: state}``, all or nothing.
+        """Load ``{name: state}``, all or nothing; an unknown name is a KeyError.
 
-        Every entry's state is checked before any is loaded, and if an
-        optimizer still refuses its state, the optimizers already loaded are
-        rolled back: a refused load leaves every entry as it was. An unknown
-        name is a KeyError.
+        Every entry's state is checked before any is loaded, and the optimizers
+        already loaded are rolled back if a later one refuses its state.
         """
         if not isinstance(state_dict, Mapping):
             raise TypeError(f'OptimWrapperDict.load_state_dict() takes {{name: state}}, got '

@@ -1,12 +1,7 @@
-"""The ``fp16utils`` command: demo, env, migrate, scan, run, bench.
+"""The ``fp16utils`` command: its parser, :func:`main`, and the sub-commands' bodies.
 
-Exit codes: 0 success, 1 findings or failure, 2 usage errors. Errors are one
-line on stderr that names the file and the problem.
-
-Example:
-    >>> main(['env']) == 0  # doctest: +ELLIPSIS
-    fp16utils ...
-    True
+``env`` lives in :mod:`.env`, the help texts in :mod:`.help`; ``scan`` and ``migrate``
+never import torch.
 """
 
 from __future__ import annotations
@@ -24,6 +19,7 @@ from ..migrate._atomic import atomic_write, resolve_target
 from ..migrate.config_files import format_config, load_config
 from ..migrate.errors import CommandError, UsageError
 from ..migrate.errors import shown_path as _shown
+from .env import best_device, check_backend_env, check_device, cmd_env
 from .help import HELP, MAIN_DESCRIPTION, MAIN_EPILOG, paragraph
 
 # fp16utils.migrate imports the standard library only: the scan and migrate commands
@@ -45,100 +41,6 @@ class _Parser(argparse.ArgumentParser):
             names = [n for n in message[len(required):].split(', ') if n not in optional]
             message = required + ', '.join(names)
         raise UsageError(f'{message} (see {self.prog} --help)')
-
-
-# --------------------------------------------------------------------- env
-
-
-def cmd_env(args: argparse.Namespace, out: TextIO) -> int:
-    """Print the torch version, backend, and per device what torch supports in each dtype."""
-    import torch
-
-    from .. import __version__
-    from .._torch import autocast, caps, versions
-    from ..precision import precision_summary
-
-    _check_backend_env()
-    rows: list[tuple[str, str]] = [
-        ('fp16utils', __version__),
-        ('torch', versions.TORCH_VERSION),
-        ('backend', f'{versions.default_backend()} ({versions.backend_reason()})'),
-    ]
-    for device_type, name in _devices():
-        dtypes = [str(d).replace('torch.', '') for d in (torch.float16, torch.bfloat16)
-                  if versions.has_native_amp() and autocast.autocast_supports(device_type, d)]
-        rows.append((f'device {device_type}', name))
-        rows.append(('  autocast dtypes', ', '.join(dtypes) or 'none'))
-        rows.extend((f'  {dtype}', what) for dtype, what in caps.capability_rows(device_type))
-        rows.append(('  precision', precision_summary(
-            name.split(' ', 1)[0] if name.startswith('cuda:') else device_type)))
-    width = max(len(k) for k, _ in rows)
-    for key, value in rows:
-        out.write(f'{key.ljust(width)}  {value}\n')
-    return 0
-
-
-def _check_backend_env() -> None:
-    """A FP16UTILS_BACKEND that names no backend is a usage error, not a traceback."""
-    from .._torch import versions
-
-    try:
-        versions.default_backend()
-    except ValueError as err:
-        raise UsageError(str(err)) from None
-
-
-def _devices() -> list[tuple[str, str]]:
-    """(device type, description) for every device torch can see."""
-    import torch
-
-    found = [('cpu', f'{os.cpu_count() or 1} cores, {torch.get_num_threads()} torch threads')]
-    if torch.cuda.is_available():
-        for i in range(torch.cuda.device_count()):
-            props = torch.cuda.get_device_properties(i)
-            found.append(('cuda', f'cuda:{i} {props.name}, '
-                                  f'{props.total_memory / 2**30:.0f} GiB, '
-                                  f'sm_{props.major}{props.minor}'))
-    mps = getattr(torch.backends, 'mps', None)
-    if mps is not None and mps.is_available():
-        found.append(('mps', 'Apple Metal'))
-    xpu = getattr(torch, 'xpu', None)
-    if xpu is not None and xpu.is_available():
-        found.append(('xpu', f'{xpu.device_count()} device(s)'))
-    return found
-
-
-def _check_device(name: str) -> str:
-    """A ``--device`` value that torch knows and that is present here."""
-    import torch
-
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise UsageError(f'--device {name}: not a torch device; use one of '
-                         f'{", ".join(k for k, _ in _devices())}') from None
-    present = [k for k, _ in _devices()]
-    if device.type not in present:
-        raise UsageError(f'--device {name}: no {device.type} device here; present: '
-                         f'{", ".join(present)} (see fp16utils env)')
-    return name
-
-
-def best_device() -> str:
-    """The fastest device present: cuda, then mps, then xpu, then cpu.
-
-    Example:
-        >>> best_device() in ('cuda', 'mps', 'xpu', 'cpu')
-        True
-    """
-    kinds = [k for k, _ in _devices()]
-    for kind in ('cuda', 'mps', 'xpu'):
-        if kind in kinds:
-            return kind
-    return 'cpu'
-
-
-# ----------------------------------------------------------------- migrate
 
 
 def cmd_migrate(args: argparse.Namespace, out: TextIO) -> int:
@@ -209,15 +111,8 @@ def _one_line(message: object) -> str:
     return _prose(' '.join(str(message).split()))
 
 
-# -------------------------------------------------------------------- scan
-
-
 def cmd_scan(args: argparse.Namespace, out: TextIO) -> int:
-    """Report 0.x fp16 usages under a path; with --fix rewrite the imports.
-
-    Exit code 1 when there are findings (or, with --fix, when a file or folder
-    could not be read or written), 0 when everything was read and is clean.
-    """
+    """Report 0.x fp16 usages under a path (exit 1 if any); with --fix rewrite the imports."""
     from dataclasses import asdict, replace
 
     from ..migrate import fix_imports, scan
@@ -270,16 +165,13 @@ def cmd_scan(args: argparse.Namespace, out: TextIO) -> int:
     return 1 if findings else 0
 
 
-# --------------------------------------------------------------- run, bench
-
-
 def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     """Patch mmcv 1.x with fp16utils, then run a script as ``__main__``."""
     if not os.path.isfile(args.script):
         raise UsageError(f'{_shown(args.script)}: no such file')
     from ..mmcv import patch_mmcv
 
-    _check_backend_env()
+    check_backend_env()
     try:
         patch_mmcv(dtype=args.dtype, backend=args.backend)
     except ImportError as err:
@@ -310,15 +202,12 @@ def cmd_bench(args: argparse.Namespace, out: TextIO) -> int:
     return run_script(str(script), args.rest)
 
 
-# -------------------------------------------------------------------- demo
-
-
 def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
     """Train a small model in fp32, AMP float16/bfloat16 and legacy; print a table."""
     from .demo import run_demo
 
-    _check_backend_env()
-    device = _check_device(args.device) if args.device else best_device()
+    check_backend_env()
+    device = check_device(args.device) if args.device else best_device()
     if args.plot:
         try:
             target = resolve_target(args.plot)
@@ -343,9 +232,6 @@ def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
                                f'{err.strerror or err}') from None
         out.write(f'wrote {_shown(args.plot)}\n')
     return 0
-
-
-# -------------------------------------------------------------------- main
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -444,14 +330,23 @@ def _positive_int(text: str) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None, out: Optional[TextIO] = None) -> int:
-    """Run the command line; return the exit code.
+    """Run the ``fp16utils`` command line; return the exit code.
 
     Args:
         argv: The arguments (default: ``sys.argv[1:]``).
-        out: Where normal output goes (default: stdout).
+        out: Where normal output goes (default: stdout); errors go to stderr, one line.
 
     Returns:
-        0 on success, 1 on findings or failure, 2 on a usage error.
+        0 on success, 1 on findings or failure, 2 on a usage error, 130 when interrupted.
+
+    Example:
+        >>> import pathlib, tempfile
+        >>> d = pathlib.Path(tempfile.mkdtemp())
+        >>> _ = (d / 'm.py').write_text('from mmcv.runner import auto_fp16' + chr(10))
+        >>> main(['scan', '--fix', str(d)])  # doctest: +ELLIPSIS
+        fixed imports in /.../m.py
+        changed 1 file(s)
+        0
     """
     if out is None:
         out = sys.stdout

@@ -1,15 +1,8 @@
 """The demo behind ``fp16utils demo``: one small model trained four ways.
 
-A synthetic classification task (a fixed random teacher network labels
-Gaussian inputs) is learned by a small MLP with BatchNorm, in float32, with
-native AMP in float16 and bfloat16, and with the legacy backend (half model,
-float32 master weights). Nothing is downloaded.
-
-Example:
-    >>> import io
-    >>> results = run_demo('cpu', steps=3, out=io.StringIO(), modes=('fp32',))
-    >>> results[0].mode, len(results[0].losses)
-    ('fp32', 3)
+A small MLP with BatchNorm learns a synthetic task (a fixed random teacher labels
+Gaussian inputs) in float32, native AMP float16 and bfloat16, and the legacy backend
+(half model, float32 masters). Nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -161,27 +154,7 @@ class _Progress:
 def run_demo(device: str = 'cpu', steps: int = 200, seed: int = 0, progress: bool = False,
              out: Optional[TextIO] = None, modes: Sequence[str] = tuple(MODES)
              ) -> list[ModeResult]:
-    """Train the demo model in each mode and print a table of the results.
-
-    Args:
-        device: Where to train (``'cpu'``, ``'cuda'``, ...).
-        steps: Training steps per mode.
-        seed: Seed of the data and the initial weights (the same for every mode).
-        progress: Draw a progress bar on stderr (else one line per mode).
-        out: Where the table goes (default stdout).
-        modes: Which of :data:`MODES` to run; a mode this torch cannot run on
-            the device is left out with a one-line reason.
-
-    Returns:
-        One :class:`ModeResult` per mode.
-
-    Example:
-        >>> import io
-        >>> buf = io.StringIO()
-        >>> _ = run_demo('cpu', steps=2, out=buf, modes=('fp32', 'amp bfloat16'))
-        >>> 'amp bfloat16' in buf.getvalue()
-        True
-    """
+    """Train the demo model in each of ``modes`` (those torch can run here); print a table."""
     out = sys.stdout if out is None else out
     unknown = [m for m in modes if m not in MODES]
     if unknown:
@@ -246,15 +219,7 @@ def _table(results: list[ModeResult], device: str) -> str:
 
 
 def plot_results(results: list[ModeResult], path: str) -> None:
-    """Draw loss and loss scale per step of each mode into a PNG file.
-
-    The image is written atomically (``fp16utils.migrate._atomic.atomic_write``):
-    a file already at ``path`` is replaced whole or left as it was.
-
-    Raises:
-        ImportError: When matplotlib is not installed.
-        OSError: When the file cannot be written.
-    """
+    """Draw loss and loss scale per step of each mode into a PNG file, written atomically."""
     import matplotlib
 
     matplotlib.use('Agg')

@@ -1,12 +1,7 @@
 """What ``fp16utils --help`` and ``fp16utils COMMAND --help`` say beside the options.
 
-One description (what the command does, and what it touches) and one epilog
-(examples and exit codes) per subcommand, kept apart from the parser code so that
-the text can be read and reviewed in one place.
-
-Example:
-    >>> 'exit codes' in HELP['scan'].epilog
-    True
+One description and one epilog (examples, exit codes) per subcommand, apart from the
+parser code so that the text reads and reviews in one place.
 """
 
 from __future__ import annotations

@@ -1,16 +1,6 @@
 """Run a Python file as ``__main__`` exactly as ``python SCRIPT`` does (``fp16utils run``).
 
 Standard library only: ``fp16utils run`` imports it before anything else.
-
-Example:
-    >>> import os, tempfile
-    >>> folder = tempfile.mkdtemp()
-    >>> script = os.path.join(folder, 'hello.py')
-    >>> with open(script, 'w') as f:
-    ...     _ = f.write('import sys; print(sys.argv[1:])')
-    >>> run_script(script, ['a', 'b'])
-    ['a', 'b']
-    0
 """
 
 from __future__ import annotations
@@ -31,17 +21,10 @@ __all__ = ['run_script']
 
 
 def run_script(script: str, argv: Sequence[str]) -> int:
-    """Run ``script`` as ``__main__`` with ``sys.argv = [script, *argv]``; its exit code.
-
-    Exactly as ``python SCRIPT`` would: ``sys.argv[0]`` is the path as given,
-    ``__file__`` that path made absolute (not resolved), and ``sys.path[0]`` the
-    folder of the real file, symbolic links resolved (so a script reached through
-    a link sees the modules beside its target, not those beside the link, as
-    with ``python``). ``sys.exit(code)`` gives ``code`` (a message is printed
-    and gives 1); an exception prints its traceback from the script's frame on
-    and gives 1, except an :class:`~fp16utils._args.keys.UnknownKeyError` (a
-    misspelt config key), which is one line.
-    """
+    """Run ``script`` as ``python SCRIPT *argv`` would; return its exit code."""
+    # As python does: sys.argv[0] as typed, __file__ absolute but links kept, and
+    # sys.path[0] the folder of the real file. A traceback starts at the script's frame;
+    # a misspelt config key (UnknownKeyError) is one line.
     path = script if os.path.isabs(script) else os.path.join(os.getcwd(), script)
     folder = os.path.dirname(os.path.realpath(script))
     saved_argv, saved_path0 = sys.argv, sys.path[0] if sys.path else None
@@ -78,10 +61,7 @@ def run_script(script: str, argv: Sequence[str]) -> int:
 
 
 def _run_as_main(path: str) -> None:
-    """Execute the file at ``path`` as the ``__main__`` module, as the interpreter does.
-
-    ``runpy.run_path`` would set ``sys.argv[0]`` to ``path``; Python keeps it as typed.
-    """
+    """Execute ``path`` as the ``__main__`` module; unlike ``runpy``, ``sys.argv[0]`` stays."""
     with open(path, 'rb') as file:
         source = file.read()
     code = compile(source, path, 'exec', dont_inherit=True)

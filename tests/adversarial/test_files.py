@@ -19,7 +19,7 @@ import pytest
 from adversarial._attack import denied, deny_listing, deny_temp_files, make_odd, tree
 from fp16utils.migrate import (
     ConfigConversionError,
-    _source,
+    _source_files,
     convert_config,
     convert_config_report,
     enable_amp,
@@ -296,7 +296,7 @@ def test_scan_reports_a_folder_it_cannot_list(tmp_path, monkeypatch):
 def test_scan_reports_a_file_it_cannot_open(tmp_path, monkeypatch):
     (tmp_path / 'm.py').write_text(FIXABLE)
 
-    monkeypatch.setattr(_source, 'open', denied, raising=False)
+    monkeypatch.setattr(_source_files, 'open', denied, raising=False)
     (finding,) = scan(tmp_path)
     assert (finding.kind, finding.message) == ('unreadable',
                                                'cannot read the file: Permission denied')

@@ -5,7 +5,7 @@ the unscale, the clip, the optimizer step, the scale update after a clean and
 after a skipped step) x both backends x three training styles (``update_params``,
 ``backward`` + ``step``, the hooks on a runner) x with and without gradient
 accumulation x ``KeyboardInterrupt`` (not an ``Exception``) and an ordinary
-error. The contract (``fp16utils.engine.interrupt``):
+error. The contract (the step state, ``fp16utils.engine.StepState``):
 
 - before the optimizer applied the update, the iteration leaves the wrapper or
   hook exactly as before it (parameters, optimizer state, scaler state and its

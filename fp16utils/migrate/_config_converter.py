@@ -1,14 +1,8 @@
 """The 0.x -> 1.x config conversion pass behind :func:`~fp16utils.migrate.convert_config`.
 
-One :class:`ConfigConverter` run reads the 0.x keys (``fp16``, ``optimizer``,
-``optimizer_config``, ``runner.fp16_loss_scaler``, the GAN ``train_cfg`` steps) of a
-deep copy of the config, builds the ``optim_wrapper``, and lists every key it could
-not convert safely. Standard library only.
-
-Example:
-    >>> converter = ConfigConverter(dict(optimizer=dict(type='SGD', lr=0.1), fp16=None))
-    >>> converter.run(), converter.problems
-    ({'optim_wrapper': {'type': 'OptimWrapper', 'optimizer': {'type': 'SGD', 'lr': 0.1}}}, [])
+:class:`ConfigConverter` reads the 0.x keys (``fp16``, ``optimizer``, ``optimizer_config``,
+``runner.fp16_loss_scaler``, the GAN ``train_cfg`` steps) of a deep copy of the config,
+builds the ``optim_wrapper``, and lists every key it could not convert safely.
 """
 
 from __future__ import annotations
@@ -20,8 +14,9 @@ from typing import Any, Optional
 from .._args.keys import FP16_HOOK_ARGS, unknown_keys_message
 from .._args.spec import is_positive_int
 from ._loss_scale import MMCV_DEFAULT_LOSS_SCALE, convert_loss_scale
+from ._wrapper_layout import wrapper_entries, wrapper_layout
 
-__all__ = ['ConfigConverter', 'wrapper_entries', 'wrapper_layout']
+__all__ = ['ConfigConverter']
 
 _MISSING: Any = object()
 
@@ -56,23 +51,12 @@ def _optimizer_layout(opt: Any) -> Optional[str]:
 
 
 class ConfigConverter:
-    """One pass of the 0.x -> 1.x conversion over a deep copy of the config.
-
-    Attributes:
-        out: the copy being converted.
-        problems: one line per key that could not be converted safely.
-
-    Example:
-        >>> converter = ConfigConverter({'fp16': dict(loss_scale='huge'), 'optimizer': dict(
-        ...     type='SGD', lr=0.1)})
-        >>> converter.run()['optim_wrapper']['loss_scale'], len(converter.problems)
-        ('huge', 1)
-    """
+    """One conversion of a deep copy of a config: :meth:`run`, then read ``problems``."""
 
     def __init__(self, cfg: Mapping[str, Any]) -> None:
-        self.out: dict[str, Any] = copy.deepcopy(dict(cfg))
-        self.problems: list[str] = []
-        self.drop: set[str] = set()
+        self.out: dict[str, Any] = copy.deepcopy(dict(cfg))  # the copy being converted
+        self.problems: list[str] = []  # one line per key not converted safely
+        self.drop: set[str] = set()  # keys left out of the result
 
     def problem(self, text: str) -> None:
         self.problems.append(text)
@@ -408,28 +392,4 @@ class ConfigConverter:
         partial: dict[str, Any] = {'type': 'AmpOptimWrapper'} if amp else {}
         partial.update(extras)
         return partial, 'single'
-
-
-def wrapper_layout(wrapper: Mapping[str, Any]) -> str:
-    """'multi' for a MultiOptimWrapperConstructor style optim_wrapper, else 'single'."""
-    if wrapper.get('constructor') == 'MultiOptimWrapperConstructor':
-        return 'multi'
-    if 'optimizer' not in wrapper and 'type' not in wrapper:
-        subs = [v for k, v in wrapper.items() if k not in ('constructor', 'paramwise_cfg')]
-        if subs and all(isinstance(v, Mapping) and 'optimizer' in v for v in subs):
-            return 'multi'
-    return 'single'
-
-
-def wrapper_entries(
-    wrapper: dict[str, Any], layout: Optional[str]
-) -> list[tuple[str, dict[str, Any]]]:
-    """(dotted name, wrapper dict) for a single wrapper or each entry of a multi one."""
-    if layout == 'multi':
-        return [
-            (f'optim_wrapper.{name}', entry)
-            for name, entry in wrapper.items()
-            if name not in ('constructor', 'paramwise_cfg') and isinstance(entry, dict)
-        ]
-    return [('optim_wrapper', wrapper)]
 

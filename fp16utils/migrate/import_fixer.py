@@ -1,15 +1,7 @@
 """Rewrite the imports of the 0.x fp16 names to fp16utils: :func:`fix_imports`.
 
-Only the import statements change, at the token level; everything else in a file
-(comments, formatting, encoding, line endings) stays byte for byte.
-
-Example:
-    >>> import pathlib, tempfile
-    >>> f = pathlib.Path(tempfile.mkdtemp()) / 'm.py'
-    >>> _ = f.write_text('from mmcv.runner import auto_fp16' + chr(10))
-    >>> _ = fix_imports(f)
-    >>> f.read_text() == 'from fp16utils import auto_fp16' + chr(10)
-    True
+Only import statements change, at the token level; the rest of a file (comments,
+formatting, encoding, line endings) stays byte for byte.
 """
 
 from __future__ import annotations
@@ -23,7 +15,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ._atomic import atomic_write
-from ._source import (
+from ._source_files import (
     FP16_NAMES,
     Source,
     alias_text,
@@ -44,15 +36,14 @@ class FileChange:
         path: the file.
         diff: a unified diff of the change ('' when nothing changes).
         changed: whether the file's content changes.
-        error: why the file was skipped (it does not parse or decode), else None.
+        error: why the file was skipped (not read, decoded, parsed or written), else None.
 
     Example:
-        >>> import os, tempfile
-        >>> d = tempfile.mkdtemp()
-        >>> with open(os.path.join(d, 'm.py'), 'w') as f:
-        ...     _ = f.write('from mmcv.runner import force_fp32' + chr(10))
-        >>> [c.changed for c in fix_imports(d, dry_run=True)]
-        [True]
+        >>> import pathlib, tempfile
+        >>> f = pathlib.Path(tempfile.mkdtemp()) / 'm.py'
+        >>> _ = f.write_text('from mmcv.runner import force_fp32' + chr(10))
+        >>> [(c.changed, c.error) for c in fix_imports(f, dry_run=True)]
+        [(True, None)]
     """
 
     path: str
@@ -243,15 +234,10 @@ def _fix_file(path: str, dry_run: bool) -> FileChange:
 def fix_imports(path: str | os.PathLike[str], dry_run: bool = False) -> list[FileChange]:
     """Rewrite imports of the 0.x fp16 names from mm* packages to ``from fp16utils import``.
 
-    Only the import statements change; everything else in each file (comments,
-    formatting, encoding, line endings) stays byte for byte. A statement that
-    imports only fp16 names keeps its layout with the module swapped for
-    ``fp16utils``; one that mixes fp16 names with others (``from mmcv.runner import
-    auto_fp16, BaseModule``) is split: the other names stay, and a new
-    ``from fp16utils import auto_fp16`` line follows it. Module imports
-    (``import mmcv.runner.fp16_utils as f``) and star imports are left alone: their
-    uses go through attribute access that an import rewrite cannot follow (see
-    :func:`scan`). Running it twice changes nothing the second time.
+    An import of fp16 names only gets ``fp16utils`` for its module; one that mixes them
+    with other names is split, the fp16 names moving to a new line after it. Module and
+    star imports are left alone (:func:`scan` reports them). A second run changes
+    nothing; each file is replaced atomically, a link written through.
 
     Args:
         path: a .py file or a folder (hidden folders, ``__pycache__`` and virtual
@@ -259,11 +245,12 @@ def fix_imports(path: str | os.PathLike[str], dry_run: bool = False) -> list[Fil
         dry_run: compute the changes and their diffs but write nothing.
 
     Returns:
-        One :class:`FileChange` per Python file looked at (``changed`` tells which
-        ones change; files that cannot be read, decoded, parsed or written, and
-        folders that cannot be listed, come back unchanged, with ``error`` set).
-        Each file is replaced atomically (see :mod:`fp16utils.migrate._atomic`): a
-        link is written through to the file it points to and stays a link.
+        One :class:`FileChange` per Python file looked at; files that cannot be read,
+        decoded, parsed or written, and folders that cannot be listed, come back
+        unchanged with ``error`` set.
+
+    Raises:
+        FileNotFoundError: ``path`` is neither a file nor a folder.
 
     Example:
         >>> import tempfile, pathlib

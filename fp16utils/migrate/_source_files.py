@@ -1,12 +1,7 @@
-"""What the scanner and the import fixer share: finding, reading and parsing source files.
+"""What the scanner and the import fixer share: the 0.x names, and source files read.
 
-The 0.x names and packages they look for, the walk over a source tree, and a file's
-text kept exactly as written (encoding, line endings) with the ast positions mapped
-onto it. Standard library only.
-
-Example:
-    >>> is_fp16_module('mmcv.runner.fp16_utils'), is_fp16_module('mmcv.runner')
-    (True, False)
+The mm* packages and fp16 names they look for, the walk over a source tree, and a
+file's text kept as written (encoding, line endings) with ast positions mapped onto it.
 """
 
 from __future__ import annotations
@@ -62,12 +57,7 @@ _VENV_DIR_NAMES = frozenset({'venv', 'virtualenv', 'site-packages', 'node_module
 
 
 def is_mm_module(module: Optional[str]) -> bool:
-    """Whether ``module`` belongs to one of the 0.x OpenMMLab packages.
-
-    Example:
-        >>> is_mm_module('mmdet.core'), is_mm_module('torch.nn'), is_mm_module(None)
-        (True, False, False)
-    """
+    """Whether ``module`` belongs to one of the 0.x OpenMMLab packages."""
     return bool(module) and module.split('.')[0] in MM_PACKAGES  # type: ignore[union-attr]
 
 
@@ -77,50 +67,19 @@ def is_fp16_module(module: str) -> bool:
 
 
 def alias_text(alias: ast.alias) -> str:
-    """An imported name as written: ``name`` or ``name as other``.
-
-    Example:
-        >>> alias_text(ast.parse('from m import a as b').body[0].names[0])
-        'a as b'
-    """
+    """An imported name as written: ``name`` or ``name as other``."""
     return alias.name if alias.asname is None else f'{alias.name} as {alias.asname}'
 
 
 def os_reason(err: OSError) -> str:
-    """The words of an OSError without its errno and path: ``Permission denied``.
-
-    Example:
-        >>> os_reason(PermissionError(13, 'Permission denied', 'x.py'))
-        'Permission denied'
-    """
+    """The words of an OSError without its errno and path: ``Permission denied``."""
     return err.strerror or str(err)
 
 
 def iter_python_files(
     path: str, onerror: Optional[Callable[[OSError], None]] = None
 ) -> Iterator[str]:
-    """The .py files under ``path`` (or ``path`` itself), sorted, skipping noise dirs.
-
-    Hidden folders, ``__pycache__`` and virtual environments are skipped. Links to
-    folders are not followed (no loops); links to files are yielded like files.
-
-    Args:
-        path: a file or a folder.
-        onerror: called with the OSError of each folder that cannot be listed
-            (without it such a folder is skipped silently, as ``os.walk`` does).
-
-    Raises:
-        FileNotFoundError: ``path`` is neither a file nor a directory.
-
-    Example:
-        >>> import pathlib, tempfile
-        >>> d = pathlib.Path(tempfile.mkdtemp())
-        >>> for name in ('b.py', 'a.py', '.hidden/c.py', 'notes.txt'):
-        ...     (d / name).parent.mkdir(exist_ok=True)
-        ...     _ = (d / name).write_text('')
-        >>> [os.path.relpath(p, d) for p in iter_python_files(str(d))]
-        ['a.py', 'b.py']
-    """
+    """The .py files under ``path``, sorted; hidden, cache, venv and linked folders skipped."""
     if os.path.isfile(path):
         yield path
         return
@@ -143,16 +102,7 @@ def iter_python_files(
 
 
 class Source:
-    """A Python file's text, decoded as Python would, with its encoding and lines.
-
-    Example:
-        >>> import pathlib, tempfile
-        >>> f = pathlib.Path(tempfile.mkdtemp()) / 'm.py'
-        >>> _ = f.write_bytes('s = "é"; x = 1\\r\\n'.encode())
-        >>> src = Source(str(f))
-        >>> src.encoding, src.lines, src.char_col(1, 12)
-        ('utf-8', ['s = "é"; x = 1\\r\\n'], 11)
-    """
+    """A Python file's text, decoded as Python would, with its encoding and lines."""
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -180,40 +130,19 @@ class Source:
 
 @dataclass(frozen=True)
 class Unreadable:
-    """Why a file was skipped: it cannot be read, does not decode or does not parse.
+    """Why a file was skipped: it cannot be read, does not decode or does not parse."""
 
-    Attributes:
-        line: 1-based line of the problem (1 when the file does not decode).
-        col: 1-based column.
-        message: what went wrong.
-        suggestion: what to do about it.
-        kind: ``syntax-error`` (it decodes but does not parse) or ``unreadable``
-            (it cannot be read or decoded, or is too deeply nested to parse).
-    """
-
-    line: int
-    col: int
-    message: str
-    suggestion: str
-    kind: str = 'syntax-error'
+    line: int  # 1-based; 1 when the file does not decode
+    col: int  # 1-based
+    message: str  # what went wrong
+    suggestion: str  # what to do about it
+    kind: str = 'syntax-error'  # or 'unreadable': not read, not decoded, or nested too deeply
 
 
 def load_source(
     path: str,
 ) -> tuple[Optional[Source], Optional[ast.Module], Optional[Unreadable]]:
-    """Read and parse a file: ``(source, tree, None)``, or why it cannot be read.
-
-    A file that does not decode gives ``(None, None, why)``; one that decodes but
-    does not parse gives ``(source, None, why)``.
-
-    Example:
-        >>> import pathlib, tempfile
-        >>> f = pathlib.Path(tempfile.mkdtemp()) / 'bad.py'
-        >>> _ = f.write_text('def f(:' + chr(10))
-        >>> src, tree, why = load_source(str(f))
-        >>> tree is None, why.line, why.message.startswith('cannot parse the file')
-        (True, 1, True)
-    """
+    """``(source, tree, None)``, or why not: ``(None, None, why)`` / ``(source, None, why)``."""
     try:
         src = Source(path)
     except OSError as exc:
@@ -258,10 +187,5 @@ TOO_DEEP = 'cannot parse the file: its expressions nest too deeply for the Pytho
 
 
 def unreadable(message: str, line: int = 1) -> Unreadable:
-    """An ``unreadable`` reason: the file (or folder) was skipped and must be looked at.
-
-    Example:
-        >>> unreadable('cannot read the file: Permission denied').kind
-        'unreadable'
-    """
+    """An ``unreadable`` reason: the file (or folder) was skipped and must be looked at."""
     return Unreadable(line, 1, message, 'check it by hand: it was skipped', 'unreadable')
