@@ -12,7 +12,9 @@ For a small conv net and a small MLP, each variant trains on the same data:
   half model with float32 master weights;
 - ``AmpOptimWrapper + overflow_guard, StepResult read``: the 1.x style with the
   overflow guard on and the returned :class:`~fp16utils.StepResult` read each step
-  (what step outcomes and the guard cost on clean steps).
+  (what step outcomes and the guard cost on clean steps);
+- ``AmpOptimWrapper, nonfinite='ignore'``: without the non-finite check that the
+  default runs where nothing is scaled (bfloat16), to show what that check costs.
 
 All variants run in one process, interleaved over several repeats; the table
 shows the median steps/s and the time per step relative to the hand-written
@@ -259,6 +261,17 @@ def outcome_loop(model_cls: type, device: str, dtype: torch.dtype) -> Step:
 
 
 VARIANTS['AmpOptimWrapper + overflow_guard, StepResult read'] = outcome_loop
+
+
+def unchecked_loop(model_cls: type, device: str, dtype: torch.dtype) -> Step:
+    """``AmpOptimWrapper(nonfinite='ignore')``: without the non-finite check (and its sync)
+    that the default runs where nothing is scaled (bfloat16)."""
+    model = fresh(model_cls, device)
+    return wrapper_step(AmpOptimWrapper(sgd(model), dtype=dtype, model=model,
+                                        nonfinite='ignore'), model)
+
+
+VARIANTS["AmpOptimWrapper, nonfinite='ignore'"] = unchecked_loop
 
 
 # ------------------------------------------------------------------------ timing

@@ -20,7 +20,7 @@ _MISSING = object()
 _ASK = object()  # a class attribute read on every call (a property, a dtype name)
 _NO_DICT: dict = {}
 _FLOAT = (torch.float32,)
-_LOW = (torch.float16, torch.bfloat16)
+_LOW = dtypes.LOW_PRECISION
 
 #: Device type of a module's first parameter or buffer ('cpu' if none); bound once.
 _module_device_type = models.module_device_type
@@ -155,7 +155,9 @@ def auto_fp16(apply_to: Optional[Iterable[str]] = None, out_fp32: bool = False,
         supported_types: Classes whose methods may be decorated; a call with
             any other first argument is a TypeError.
         dtype: ``torch.float16`` or ``torch.bfloat16`` (or their names); None
-            means the instance's ``fp16_dtype``, else float16.
+            means the instance's ``fp16_dtype``, else float16. A class-level
+            ``fp16_dtype`` is read at the class's first enabled call; set a later
+            change on the instance.
 
     Returns:
         The decorator.

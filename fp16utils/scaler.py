@@ -31,23 +31,21 @@ _no_fused_kernel: set[tuple[Any, str, torch.dtype]] = set()
 # (sparse gradients, another device in the list, an unsupported dtype): those
 # lists go straight to the grouped path from then on.
 _no_whole_list: set[tuple[Any, int]] = set()
+_EMPTY: dict = {}
+_dispatch_mode_active = state.dispatch_mode_active
 
 
 def _flag_tensors(device: Any, factor: float) -> tuple[torch.Tensor, torch.Tensor]:
     """A zeroed ``found_inf`` and an ``inv_scale`` of ``factor``, reused per thread and device."""
-    if state.dispatch_mode_active():
-        return (torch.zeros(1, dtype=_F32, device=device),
-                torch.full((1,), factor, dtype=_F32, device=device))
-    try:
-        table = _local.table
-    except AttributeError:
-        table = _local.table = {}
-    entry = table.get(device)
-    if entry is None:
+    entry = getattr(_local, 'table', _EMPTY).get(device)
+    if entry is None or _dispatch_mode_active():
+        if _dispatch_mode_active():  # fake or meta tensors: nothing to keep
+            return (torch.zeros(1, dtype=_F32, device=device),
+                    torch.full((1,), factor, dtype=_F32, device=device))
         with torch.inference_mode(False):  # inference tensors refuse later in-place use
             entry = [torch.zeros(1, dtype=_F32, device=device),
                      torch.full((1,), factor, dtype=_F32, device=device), factor]
-        table[device] = entry
+        _local.__dict__.setdefault('table', {})[device] = entry
         return entry[0], entry[1]
     found, inv = entry[0], entry[1]
     found.zero_()

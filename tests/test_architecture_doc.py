@@ -99,3 +99,19 @@ def test_docstrings_are_at_most_a_quarter_of_the_package():
         total += len(source.splitlines())
         docs += docstring_lines(source)
     assert docs <= MAX_DOCSTRING_SHARE * total, f'{docs} of {total} lines ({docs / total:.0%})'
+
+
+def _drawn_layers() -> list:
+    """The layers the page's drawing names, top first: each line's leading names."""
+    drawing = PAGE.read_text().split('```text\n', 1)[1].split('```', 1)[0]
+    layers = []
+    for line in drawing.splitlines():
+        names = re.match(r'\s*([\w/]+(?:, [\w/]+)*)', line).group(1)
+        layers.append({name.rstrip('/') for name in names.split(', ')})
+    return layers
+
+
+def test_the_drawing_shows_the_layers_the_layering_test_enforces():
+    from test_packaging import LAYERS
+
+    assert _drawn_layers() == LAYERS[::-1]

@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from fp16utils._args.spec import MMCV_LOSS_SCALE
 from fp16utils.migrate import (
     ConfigConversionError,
     FileChange,
@@ -1236,10 +1237,10 @@ def test_loss_scale_translation_lives_in_its_module():
                                              backoff_factor=0.25, growth_interval=100)
     assert problems == []
     assert _config_converter.convert_loss_scale is _loss_scale.convert_loss_scale
-    assert _loss_scale.MMCV_DEFAULT_LOSS_SCALE == 512.0
+    assert MMCV_LOSS_SCALE == 512.0
     new = convert_clean(dict(optimizer=dict(type='SGD', lr=0.1),
                              optimizer_config=dict(type='Fp16OptimizerHook')))
-    assert new['optim_wrapper']['loss_scale'] == _loss_scale.MMCV_DEFAULT_LOSS_SCALE
+    assert new['optim_wrapper']['loss_scale'] == MMCV_LOSS_SCALE
 
 
 # ======================================================================================

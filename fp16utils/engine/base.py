@@ -21,6 +21,7 @@ __all__ = ['Clip', 'ResumeState', 'StepEngine', 'StepState', 'check_pending', 'f
 _logger = logging.getLogger('fp16utils')
 
 _Tensor = torch.Tensor
+_STRIDED = torch.strided
 Clip = Tuple[str, Dict[str, Any]]
 
 
@@ -37,14 +38,11 @@ def optimizer_device_type(optimizer: Any) -> str:
 
 def _dense_grads(params: List[Any]) -> List[_Tensor]:
     """The dense gradients of ``params`` (a DTensor's local shard), skipping those without one."""
-    grads = []
-    for p in params:
-        grad = p.grad
-        if grad is None:
-            continue
-        if grad.is_sparse:
-            grad = ops.sparse_values(grad)
-        grads.append(ops.local_tensor(grad))  # FSDP2: this rank's shard
+    grads = [g for g in [p.grad for p in params] if g is not None]
+    for g in grads:
+        if type(g) is not _Tensor or g.layout is not _STRIDED:  # sparse, DTensor (FSDP2)
+            return [ops.local_tensor(ops.sparse_values(g) if g.is_sparse else g)
+                    for g in grads]
     return grads
 
 
@@ -129,6 +127,9 @@ _STEP_MOVES = {
     StepState.READY: (StepState.UNSCALED, StepState.APPLIED, StepState.STEPPED),
     StepState.UNSCALED: (StepState.APPLIED, StepState.STEPPED),
 }
+for _state in StepState:  # kept on each member: a move then hashes no enum (Python-level)
+    _state.moves = (StepState.READY, StepState.SPENT, *_STEP_MOVES.get(_state, ()))
+del _state
 
 
 class StepEngine:
@@ -157,10 +158,8 @@ class StepEngine:
 
     def move(self, to: StepState) -> None:
         """Move :attr:`state` to ``to``; every move of the step state goes through here."""
-        state = self.state
-        if to is not StepState.READY and to is not StepState.SPENT and (
-                to not in _STEP_MOVES.get(state, ())):
-            raise RuntimeError(f'step state {state.name} cannot move to {to.name}')
+        if to not in self.state.moves:
+            raise RuntimeError(f'step state {self.state.name} cannot move to {to.name}')
         self.state = to
 
     # -- what the wrapper or hook reads -------------------------------------------------------

@@ -9,7 +9,7 @@ from typing import Any, Dict, Iterable, List, Optional
 import torch
 from torch import nn
 
-from .._args.spec import parse_clip_grad
+from .._args.spec import MMCV_LOSS_SCALE, parse_clip_grad
 from .._torch import compat
 from .._torch.models import BatchNormBase as _BatchNorm
 from .base import RunnerHook, follow_mmcv, follows_mmcv, set_base
@@ -291,7 +291,7 @@ class CumulativeHookApi:
 def _loss_scale_of(scaler: Any) -> Any:
     """The ``loss_scale`` argument that describes ``scaler`` (None: mmcv's default, 512)."""
     if scaler is None:
-        return 512.
+        return MMCV_LOSS_SCALE
     if hasattr(scaler, 'update_scale'):  # an mmcv LossScaler
         return dict(init_scale=scaler.cur_scale, mode=scaler.mode,
                     scale_factor=scaler.scale_factor, scale_window=scaler.scale_window)

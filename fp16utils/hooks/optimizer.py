@@ -12,6 +12,7 @@ from torch import nn
 from .._args.keys import FP16_HOOK_ARGS, UnknownKeyError, unknown_keys_message
 from .._args.spec import (
     MMCV_DYNAMIC,
+    MMCV_LOSS_SCALE,
     TORCH_DYNAMIC,
     ScaleSpec,
     check_nonfinite_policy,
@@ -119,7 +120,7 @@ class Fp16OptimizerHook(Driven, OptimizerHookApi):
 
     def __init__(self, grad_clip: Optional[Mapping[str, Any]] = None, coalesce: bool = True,
                  bucket_size_mb: float = -1,
-                 loss_scale: Union[str, float, Mapping[str, Any]] = 512.,
+                 loss_scale: Union[str, float, Mapping[str, Any]] = MMCV_LOSS_SCALE,
                  distributed: bool = True, *, dtype: Union[torch.dtype, str, None] = None,
                  backend: Optional[str] = None, nonfinite: str = 'warn',
                  overflow_guard: Optional[Mapping[str, Any]] = None,

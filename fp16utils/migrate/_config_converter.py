@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from typing import Any, Optional
 
 from .._args.keys import FP16_HOOK_ARGS, unknown_keys_message
-from .._args.spec import is_positive_int
-from ._loss_scale import MMCV_DEFAULT_LOSS_SCALE, convert_loss_scale
+from .._args.spec import MMCV_LOSS_SCALE, is_positive_int
+from ._loss_scale import convert_loss_scale
 from ._wrapper_layout import wrapper_entries, wrapper_layout
 
 __all__ = ['ConfigConverter']
@@ -360,7 +360,7 @@ class ConfigConverter:
                             f'the {chosen_where} value was used; keep one loss scale'
                         )
             else:
-                chosen = MMCV_DEFAULT_LOSS_SCALE
+                chosen = MMCV_LOSS_SCALE
             extras['loss_scale'] = chosen
         if 'clip_grad' in hook:
             extras['clip_grad'] = hook['clip_grad']

@@ -11,14 +11,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from .._args.numbers import as_whole
-from .._args.spec import GRAD_SCALER_ARGS, is_number, parse_loss_scale, positive_finite
+from .._args.spec import (
+    GRAD_SCALER_ARGS,
+    MMCV_INIT_SCALE,
+    is_number,
+    parse_loss_scale,
+    positive_finite,
+)
 
-__all__ = ['MMCV_DEFAULT_INIT_SCALE', 'MMCV_DEFAULT_LOSS_SCALE', 'convert_loss_scale']
-
-#: mmcv's default ``loss_scale`` of ``Fp16OptimizerHook`` (a static scale).
-MMCV_DEFAULT_LOSS_SCALE = 512.0
-#: mmcv ``LossScaler``'s default ``init_scale``.
-MMCV_DEFAULT_INIT_SCALE = float(2**32)
+__all__ = ['convert_loss_scale']
 
 
 def convert_loss_scale(value: Any, where: str, problems: list[str]) -> Any:
@@ -56,7 +57,7 @@ def convert_loss_scale(value: Any, where: str, problems: list[str]) -> Any:
                 'scale 2**32, which overflows on almost every step; it was kept, but set '
                 "a smaller loss_scale (e.g. 512.) or use 'dynamic'"
             )
-        init = args.get('init_scale', MMCV_DEFAULT_INIT_SCALE)
+        init = args.get('init_scale', float(MMCV_INIT_SCALE))
         if not positive_finite(init):
             problems.append(f'{where}.init_scale: {init!r} is not a positive number; kept as is')
             return init

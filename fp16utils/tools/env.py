@@ -16,10 +16,9 @@ __all__ = ['best_device', 'check_backend_env', 'check_device', 'cmd_env', 'devic
 
 def cmd_env(args: argparse.Namespace, out: TextIO) -> int:
     """Print the torch version, backend, and per device what torch supports in each dtype."""
-    import torch
 
     from .. import __version__
-    from .._torch import autocast, caps, versions
+    from .._torch import autocast, caps, dtypes, versions
     from ..precision import precision_summary
 
     check_backend_env()
@@ -29,10 +28,10 @@ def cmd_env(args: argparse.Namespace, out: TextIO) -> int:
         ('backend', f'{versions.default_backend()} ({versions.backend_reason()})'),
     ]
     for device_type, name in devices():
-        dtypes = [str(d).replace('torch.', '') for d in (torch.float16, torch.bfloat16)
-                  if versions.has_native_amp() and autocast.autocast_supports(device_type, d)]
+        names = [str(d).replace('torch.', '') for d in dtypes.LOW_PRECISION
+                 if versions.has_native_amp() and autocast.autocast_supports(device_type, d)]
         rows.append((f'device {device_type}', name))
-        rows.append(('  autocast dtypes', ', '.join(dtypes) or 'none'))
+        rows.append(('  autocast dtypes', ', '.join(names) or 'none'))
         rows.extend((f'  {dtype}', what) for dtype, what in caps.capability_rows(device_type))
         rows.append(('  precision', precision_summary(
             name.split(' ', 1)[0] if name.startswith('cuda:') else device_type)))
