@@ -95,6 +95,28 @@ def sentinel_repr(source: str, name: str) -> Optional[str]:
     return None
 
 
+#: Where mmcv's defaults live, each once; a signature names them, the site shows the value.
+DEFAULTS_MODULE = Path(__file__).resolve().parents[1] / 'fp16utils' / '_args' / 'spec.py'
+
+
+def constant_source(source: str, name: str) -> Optional[str]:
+    """The expression assigned to the module-level constant ``name`` in ``source``, when it
+    is made of literals and arithmetic only (``2**32``, ``512.0``); None otherwise.
+
+    Example:
+        >>> constant_source('N = 2**32\\nM = f()\\n', 'N'), constant_source('M = f()', 'M')
+        ('2**32', None)
+    """
+    for node in ast.parse(source).body:
+        target = getattr(node, 'target', None) or (node.targets[0] if isinstance(
+            node, ast.Assign) and len(node.targets) == 1 else None)
+        if isinstance(target, ast.Name) and target.id == name and all(
+                isinstance(n, (ast.Constant, ast.BinOp, ast.UnaryOp, ast.operator,
+                               ast.unaryop)) for n in ast.walk(node.value)):
+            return ast.get_source_segment(source, node.value)
+    return None
+
+
 if griffe is not None:
     class Fp16utilsDocstrings(griffe.Extension):
         """Rewrites each docstring of the package as :func:`rewrite` says."""
@@ -106,7 +128,13 @@ if griffe is not None:
 
         def on_function_instance(self, *, func: Any, **kwargs: Any) -> None:
             for parameter in func.parameters:
-                if re.fullmatch(r'_\w+', str(parameter.default)):
+                if re.fullmatch(r'MMCV_[A-Z_]+', str(parameter.default)):
+                    key = (DEFAULTS_MODULE, str(parameter.default))
+                    if key not in self.shown:
+                        self.shown[key] = constant_source(DEFAULTS_MODULE.read_text(), key[1])
+                    if self.shown[key] is not None:
+                        parameter.default = self.shown[key]
+                elif re.fullmatch(r'_\w+', str(parameter.default)):
                     key = (func.module.filepath, str(parameter.default))
                     if key not in self.shown:  # each module read and parsed once
                         self.shown[key] = sentinel_repr(Path(key[0]).read_text(), key[1])

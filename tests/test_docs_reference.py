@@ -132,6 +132,24 @@ def test_the_site_shows_a_sentinel_default_as_help_does():
     assert ext.sentinel_repr(source, '_NO_SUCH_NAME') is None
 
 
+def test_the_site_shows_mmcv_defaults_as_their_value():
+    import inspect
+
+    from fp16utils import Fp16OptimizerHook, LossScaler
+    from fp16utils._args import spec
+
+    ext = _griffe_extension()
+    source = ext.DEFAULTS_MODULE.read_text()
+    assert ext.constant_source(source, 'MMCV_INIT_SCALE') == '2**32'
+    assert ext.constant_source(source, 'MMCV_LOSS_SCALE') == '512.0'
+    assert ext.constant_source(source, 'MMCV_DYNAMIC') is None  # not a literal
+    assert ext.constant_source('N = 2**32\nM = f()\n', 'N') == '2**32'
+    # The signatures name the constants, whose values are mmcv's.
+    assert inspect.signature(LossScaler).parameters['init_scale'].default == 2**32
+    assert inspect.signature(Fp16OptimizerHook).parameters['loss_scale'].default == 512.0
+    assert (spec.MMCV_INIT_SCALE, spec.MMCV_LOSS_SCALE) == (2**32, 512.0)
+
+
 # --------------------------------------------------------------------- the command line
 
 
