@@ -1,16 +1,24 @@
-"""Config files: read a Python config (with its ``_base_`` files) and write one back.
+"""Config files: read an mmcv config (with its ``_base_`` files) and write one back.
 
-:func:`load_config` runs the file and keeps its top-level values; :func:`format_config`
-writes a config dict as a readable Python file that loads back equal.
+:func:`load_config` reads a file as mmcv 1.x's ``Config.fromfile`` does (``{{ _base_.x }}``
+references, ``{{ fileDirname }}`` and the other predefined variables, ``_delete_``,
+``.json`` and, with PyYAML, ``.yaml`` files); :func:`format_config` writes a config dict
+as a readable Python file that loads back equal.
 """
 
 from __future__ import annotations
 
+import builtins
 import cmath
+import importlib
+import io
+import json
 import keyword
 import os
-import runpy
+import re
+import tokenize
 import types
+import uuid
 import warnings
 from pathlib import Path
 from typing import Any
@@ -21,11 +29,15 @@ __all__ = ['format_config', 'load_config']
 
 
 def load_config(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a Python config file (its top-level values), merged onto its ``_base_`` files.
+    """Read a config file (its top-level values), merged onto its ``_base_`` files.
 
-    The file is *executed*, as mmcv's ``Config.fromfile`` does: never load a config you
-    do not trust. Bases are named relative to the file and merged first, dicts
-    recursively (``_delete_=True`` replaces the base dict).
+    A Python file is *executed*, as mmcv's ``Config.fromfile`` does: never load a config
+    you do not trust. Bases are named relative to the file and merged first, dicts
+    recursively (``_delete_=True`` replaces the base dict); ``{{ _base_.name }}`` takes
+    a value of the merged bases and ``{{ fileDirname }}``, ``{{ fileBasename }}``,
+    ``{{ fileBasenameNoExtension }}`` and ``{{ fileExtname }}`` name the file, as in
+    mmcv. ``.json`` files are read too, ``.yaml``/``.yml`` ones where PyYAML is
+    installed (mmcv reads them with it).
 
     Args:
         path: The config file.
@@ -36,7 +48,8 @@ def load_config(path: str | os.PathLike[str]) -> dict[str, Any]:
     Raises:
         UsageError: The file does not exist or is not a file.
         CommandError: It or a ``_base_`` file cannot be read or run (``exit()``
-            included), ``_base_`` is not file names, is missing, or is a cycle.
+            included), ``_base_`` is not file names, is missing, or is a cycle, or a
+            ``{{ _base_.name }}`` names nothing in the bases.
 
     Example:
         >>> import pathlib, tempfile
@@ -45,10 +58,12 @@ def load_config(path: str | os.PathLike[str]) -> dict[str, Any]:
         >>> load_config(f)
         {'fp16': {'loss_scale': 512.0}}
     """
-    return _load_config(Path(path), ())
+    loaded = _load_config(Path(path), ())
+    return {k: v for k, v in loaded.items() if _is_config_value(k, v)}
 
 
 def _load_config(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
+    """One file merged onto its bases, every value kept (``_name`` ones too, as mmcv)."""
     named = shown_path(path)
     try:
         path = path.resolve()
@@ -65,8 +80,8 @@ def _load_config(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
         what = 'a directory' if path.is_dir() else 'not a regular file'
         problem = f'{where} is {what}; expected a Python config file'
         raise CommandError(problem) if chain else UsageError(problem)
-    namespace = _run_config(path)
-    bases = namespace.get('_base_', [])
+    namespace, references = _read_config(path)
+    bases = namespace.pop('_base_', [])
     if isinstance(bases, str):
         bases = [bases]
     if not isinstance(bases, (list, tuple)) or not all(isinstance(b, str) for b in bases):
@@ -75,17 +90,115 @@ def _load_config(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
     merged: dict[str, Any] = {}
     for base in bases:
         merged = _merge(merged, _load_config(path.parent / base, (*chain, path)))
-    own = {k: v for k, v in namespace.items() if _is_config_value(k, v)}
+    own = {k: v for k, v in namespace.items()
+           if not k.startswith('__') and not isinstance(v, _CODE_TYPES)}
+    if references:
+        own = _substitute(own, references, merged, path)
     return _merge(merged, own)
 
 
-def _run_config(path: Path) -> dict[str, Any]:
-    """Execute one config file; every way it can fail becomes one CommandError."""
+#: mmcv's predefined variables, ``{{ fileDirname }}`` and the like.
+_PREDEFINED = re.compile(r'\{\{\s*(fileDirname|fileBasename|fileBasenameNoExtension|fileExtname)'
+                         r'\s*\}\}')
+#: A reference to a value of the bases, ``{{ _base_.model.backbone }}``.
+_BASE_REFERENCE = re.compile(r'\{\{\s*_base_\.([\w.]+)\s*\}\}')
+
+
+def _read_config(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    """The top-level values of one file, and the placeholders its ``{{ _base_.x }}``
+    references became (placeholder -> dotted name), as mmcv reads them."""
     shown = shown_path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise CommandError(f'{shown}: cannot be read: {err.strerror or err}') from None
+    kind = path.suffix.lower()
+    references: dict[str, str] = {}
+    if kind == '.py' and b'{{' not in data:
+        return _run_config(path, data), references  # compile() reads the coding cookie
+    try:
+        encoding = 'utf-8' if kind != '.py' else tokenize.detect_encoding(
+            io.BytesIO(data).readline)[0]
+        text = data.decode(encoding)
+    except (SyntaxError, UnicodeDecodeError, LookupError):
+        if kind == '.py':
+            return _run_config(path, data), references  # the same error as without '{{'
+        raise CommandError(f'{shown}: cannot be read as UTF-8 text') from None
+    if '{{' in text:
+        names = {'fileDirname': str(path.parent), 'fileBasename': path.name,
+                 'fileBasenameNoExtension': path.stem, 'fileExtname': path.suffix}
+        text = _PREDEFINED.sub(lambda m: names[m.group(1)].replace('\\', '/'), text)
+
+        def placeholder(match: re.Match) -> str:
+            name = match.group(1)
+            key = next((k for k, v in references.items() if v == name), None)
+            if key is None:
+                key = f'_{name}_{uuid.uuid4().hex[:6]}'
+                references[key] = name
+            return f'"{key}"'
+
+        text = _BASE_REFERENCE.sub(placeholder, text)
+    if kind == '.py':
+        return _run_config(path, text), references
+    if kind == '.json':
+        try:
+            loaded = json.loads(text)
+        except ValueError as err:
+            raise CommandError(f'{shown}: not valid JSON: {err}') from None
+    elif kind in ('.yaml', '.yml'):
+        loaded = _load_yaml(text, shown)
+    else:
+        raise CommandError(f'{shown}: a config must be a .py, .json, .yaml or .yml file, '
+                           'as mmcv reads them')
+    if not isinstance(loaded, dict):
+        raise CommandError(f'{shown}: the file holds {type(loaded).__name__}, not a dict '
+                           'of config keys')
+    return loaded, references
+
+
+def _load_yaml(text: str, shown: str) -> Any:
+    """A YAML config, read with PyYAML (optional: mmcv reads YAML with it too)."""
+    try:
+        yaml = importlib.import_module('yaml')
+    except ImportError:
+        raise CommandError(f'{shown}: reading a YAML config needs PyYAML '
+                           '(pip install pyyaml), as mmcv does') from None
+    try:
+        return yaml.safe_load(text)
+    except Exception as err:  # noqa: BLE001 - yaml's errors have no common public base
+        raise CommandError(f'{shown}: not valid YAML: {_short(err)}') from None
+
+
+def _substitute(value: Any, references: dict[str, str], bases: dict[str, Any],
+                path: Path) -> Any:
+    """``value`` with each placeholder string replaced by the base value it names."""
+    if isinstance(value, str) and value in references:
+        found: Any = bases
+        for key in references[value].split('.'):
+            try:
+                found = found[key]
+            except (KeyError, IndexError, TypeError):
+                raise CommandError(
+                    f'{shown_path(path)}: {{{{ _base_.{references[value]} }}}} names nothing '
+                    'in its _base_ files') from None
+        return found
+    if isinstance(value, dict):
+        return {k: _substitute(v, references, bases, path) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        items = [_substitute(v, references, bases, path) for v in value]
+        return items if isinstance(value, list) else tuple(items)
+    return value
+
+
+def _run_config(path: Path, source: Any) -> dict[str, Any]:
+    """Execute one Python config; every way it can fail becomes one CommandError."""
+    shown = shown_path(path)
+    namespace: dict[str, Any] = {'__name__': '__config__', '__file__': str(path),
+                                 '__builtins__': builtins}
     try:
         with warnings.catch_warnings():
             warnings.simplefilter('ignore')
-            return runpy.run_path(str(path), run_name='__config__')
+            exec(compile(source, str(path), 'exec'), namespace)  # noqa: S102 - a config file
     except SyntaxError as err:
         raise CommandError(f'{shown}:{err.lineno or 1}: syntax error: {err.msg}') from None
     except OSError as err:
@@ -98,6 +211,7 @@ def _run_config(path: Path) -> dict[str, Any]:
     except BaseException as err:  # the file is the user's code: report, do not crash
         raise CommandError(f'{shown}: could not be executed: {type(err).__name__}: '
                            f'{_short(err)}') from None
+    return namespace
 
 
 def _short(value: Any) -> str:
@@ -111,6 +225,8 @@ def _short(value: Any) -> str:
 
 
 _FUNCTION_TYPES = (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, type)
+#: What mmcv leaves out of a Python config's values: modules and functions.
+_CODE_TYPES = (types.ModuleType, types.FunctionType)
 
 
 def _is_config_value(key: str, value: Any) -> bool:

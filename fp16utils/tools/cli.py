@@ -263,7 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
     command('env').set_defaults(func=cmd_env)
 
     migrate = command('migrate')
-    migrate.add_argument('config', help='the 0.x config (.py); it is executed')
+    migrate.add_argument('config', help='the 0.x config (.py, .json, .yaml); a .py one is executed')
     migrate.add_argument('-o', '--output',
                          help='write here (atomically; - is stdout) instead of stdout')
     migrate.add_argument('--amp', action='store_true',
