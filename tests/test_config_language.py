@@ -89,3 +89,41 @@ def test_a_referenced_config_converts_and_writes_back(tmp_path):
     assert new['optim_wrapper']['loss_scale'] == 512.0
     out = write(tmp_path / 'out.py', format_config(new))
     assert load_config(out) == new
+
+
+def test_a_deprecated_config_is_read_with_a_warning_naming_its_replacement(tmp_path):
+    from fp16utils.migrate import MigrationWarning
+
+    write(tmp_path / 'base.py', "_deprecation_ = dict(expected='new_base.py', "
+                                "reference='https://example.org/pr/1')\na = 1\n")
+    path = write(tmp_path / 'c.py', "_base_ = 'base.py'\nb = 2\n")
+    with pytest.warns(MigrationWarning) as caught:
+        cfg = load_config(path)
+    assert cfg == dict(a=1, b=2)
+    assert [str(w.message) for w in caught] == [
+        f'the config file {(tmp_path / "base.py").resolve()} will be deprecated in the '
+        'future. Please use new_base.py instead. More information can be found at '
+        'https://example.org/pr/1']
+
+
+def test_migrate_says_a_config_is_deprecated_and_still_converts_under_strict(tmp_path):
+    import io
+    import sys
+
+    from fp16utils.tools.cli import main
+
+    path = write(tmp_path / 'c.py', "_deprecation_ = dict(expected='d.py')\n"
+                                    "optimizer = dict(type='SGD', lr=0.1)\n"
+                                    "fp16 = dict(loss_scale=512.)\n")
+    err = io.StringIO()
+    out = io.StringIO()
+    real = sys.stderr
+    sys.stderr = err
+    try:
+        status = main(['migrate', str(path), '--strict'], out=out)
+    finally:
+        sys.stderr = real
+    assert status == 0
+    assert 'note: the config file' in err.getvalue() and 'Please use d.py instead.' in (
+        err.getvalue())
+    assert "loss_scale=512.0" in out.getvalue()

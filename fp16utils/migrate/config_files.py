@@ -23,6 +23,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from .convert import MigrationWarning
 from .errors import CommandError, UsageError, shown_path
 
 __all__ = ['format_config', 'load_config']
@@ -32,12 +33,10 @@ def load_config(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read a config file (its top-level values), merged onto its ``_base_`` files.
 
     A Python file is *executed*, as mmcv's ``Config.fromfile`` does: never load a config
-    you do not trust. Bases are named relative to the file and merged first, dicts
-    recursively (``_delete_=True`` replaces the base dict); ``{{ _base_.name }}`` takes
-    a value of the merged bases and ``{{ fileDirname }}``, ``{{ fileBasename }}``,
-    ``{{ fileBasenameNoExtension }}`` and ``{{ fileExtname }}`` name the file, as in
-    mmcv. ``.json`` files are read too, ``.yaml``/``.yml`` ones where PyYAML is
-    installed (mmcv reads them with it).
+    you do not trust. Bases are merged first, dicts recursively (``_delete_=True``
+    replaces the base dict); ``{{ _base_.name }}``, ``{{ fileDirname }}`` and the other
+    predefined variables, ``_deprecation_`` (a :class:`MigrationWarning`), ``.json`` and
+    (with PyYAML) ``.yaml`` files are read as mmcv reads them.
 
     Args:
         path: The config file.
@@ -81,6 +80,7 @@ def _load_config(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
         problem = f'{where} is {what}; expected a Python config file'
         raise CommandError(problem) if chain else UsageError(problem)
     namespace, references = _read_config(path)
+    _warn_deprecated(namespace.pop('_deprecation_', None), path)
     bases = namespace.pop('_base_', [])
     if isinstance(bases, str):
         bases = [bases]
@@ -95,6 +95,18 @@ def _load_config(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
     if references:
         own = _substitute(own, references, merged, path)
     return _merge(merged, own)
+
+
+def _warn_deprecated(info: Any, path: Path) -> None:
+    """mmcv's ``_deprecation_`` key: a :class:`MigrationWarning` with its message."""
+    if info is None:
+        return
+    message = f'the config file {shown_path(path)} will be deprecated in the future.'
+    if isinstance(info, dict) and 'expected' in info:
+        message += f' Please use {info["expected"]} instead.'
+    if isinstance(info, dict) and 'reference' in info:
+        message += f' More information can be found at {info["reference"]}'
+    warnings.warn(message, MigrationWarning, stacklevel=2)
 
 
 #: mmcv's predefined variables, ``{{ fileDirname }}`` and the like.
@@ -159,12 +171,10 @@ def _read_config(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
 def _load_yaml(text: str, shown: str) -> Any:
     """A YAML config, read with PyYAML (optional: mmcv reads YAML with it too)."""
     try:
-        yaml = importlib.import_module('yaml')
+        return importlib.import_module('yaml').safe_load(text)
     except ImportError:
         raise CommandError(f'{shown}: reading a YAML config needs PyYAML '
                            '(pip install pyyaml), as mmcv does') from None
-    try:
-        return yaml.safe_load(text)
     except Exception as err:  # noqa: BLE001 - yaml's errors have no common public base
         raise CommandError(f'{shown}: not valid YAML: {_short(err)}') from None
 

@@ -52,8 +52,12 @@ def cmd_migrate(args: argparse.Namespace, out: TextIO) -> int:
     to_file = args.output not in (None, '-')
     if to_file:
         _check_output(args.config, args.output)
-    cfg = load_config(args.config)
+    with warnings.catch_warnings(record=True) as read:
+        warnings.simplefilter('always')
+        cfg = load_config(args.config)
     shown = _shown(args.config)
+    for notice in read:  # _deprecation_ notes: said, not problems of the conversion
+        sys.stderr.write(f'{shown}: note: {_one_line(notice.message)}\n')
     try:
         converted, problems = convert_config_report(cfg, plugin=args.plugin)
     except (ConfigConversionError, TypeError, ValueError, AttributeError) as err:

@@ -85,3 +85,19 @@ def test_difference_a_dict_over_a_value_of_the_base_replaces_it(tmp_path):
     with pytest.raises(TypeError, match='_delete_=True'):
         Config.fromfile(str(tmp_path / 'c.py'))
     assert load_config(tmp_path / 'c.py') == dict(fp16=dict(loss_scale=512.0))
+
+
+def test_a_deprecated_config_warns_as_mmcv_does(tmp_path):
+    import warnings
+
+    from fp16utils.migrate import MigrationWarning
+
+    (tmp_path / 'c.py').write_text("_deprecation_ = dict(expected='new.py', "
+                                   "reference='https://example.org/1')\na = 1\n")
+    with warnings.catch_warnings(record=True) as theirs:
+        warnings.simplefilter('always')
+        cfg = Config.fromfile(str(tmp_path / 'c.py')).to_dict()
+    with pytest.warns(MigrationWarning) as ours:
+        assert load_config(tmp_path / 'c.py') == cfg == dict(a=1)
+    said = [str(w.message) for w in theirs if issubclass(w.category, DeprecationWarning)]
+    assert [m[0].lower() + m[1:] for m in said] == [str(w.message) for w in ours]
