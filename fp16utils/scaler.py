@@ -37,11 +37,11 @@ _dispatch_mode_active = state.dispatch_mode_active
 
 def _flag_tensors(device: Any, factor: float) -> tuple[torch.Tensor, torch.Tensor]:
     """A zeroed ``found_inf`` and an ``inv_scale`` of ``factor``, reused per thread and device."""
+    if _dispatch_mode_active():  # fake or meta tensors: nothing to keep
+        return (torch.zeros(1, dtype=_F32, device=device),
+                torch.full((1,), factor, dtype=_F32, device=device))
     entry = getattr(_local, 'table', _EMPTY).get(device)
-    if entry is None or _dispatch_mode_active():
-        if _dispatch_mode_active():  # fake or meta tensors: nothing to keep
-            return (torch.zeros(1, dtype=_F32, device=device),
-                    torch.full((1,), factor, dtype=_F32, device=device))
+    if entry is None:
         with torch.inference_mode(False):  # inference tensors refuse later in-place use
             entry = [torch.zeros(1, dtype=_F32, device=device),
                      torch.full((1,), factor, dtype=_F32, device=device), factor]

@@ -7,13 +7,12 @@ resumes) and compares.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import re
 from pathlib import Path
 
 import _caps  # tests/ is on sys.path: see conftest.py
 import torch
+from test_docs_troubleshooting import run  # a block run as a user pastes it
 
 from fp16utils import LossScaler
 
@@ -28,16 +27,6 @@ def python_block(page: str, contains: str) -> str:
              if contains in b and '>>>' not in b]
     assert len(found) == 1, f'docs/{page}: {len(found)} python blocks hold {contains!r}'
     return found[0]
-
-
-def run(block: str, name: str, tmp_path: Path, monkeypatch) -> tuple:
-    """Run a block as a user pastes it (in an empty folder); (namespace, stdout lines)."""
-    monkeypatch.chdir(tmp_path)
-    namespace: dict = {'__name__': '__main__'}
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        exec(compile(block, name, 'exec'), namespace)
-    return namespace, out.getvalue().splitlines()
 
 
 def said(block: str) -> list:

@@ -141,13 +141,14 @@ def _read_config(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
                  'fileBasenameNoExtension': path.stem, 'fileExtname': path.suffix}
         text = _PREDEFINED.sub(lambda m: names[m.group(1)].replace('\\', '/'), text)
 
+        keys: dict[str, str] = {}  # dotted name -> its placeholder, one per name
+
         def placeholder(match: re.Match) -> str:
             name = match.group(1)
-            key = next((k for k, v in references.items() if v == name), None)
-            if key is None:
-                key = f'_{name}_{uuid.uuid4().hex[:6]}'
-                references[key] = name
-            return f'"{key}"'
+            if name not in keys:
+                keys[name] = f'_{name}_{uuid.uuid4().hex[:6]}'
+                references[keys[name]] = name
+            return f'"{keys[name]}"'
 
         text = _BASE_REFERENCE.sub(placeholder, text)
     if kind == '.py':
@@ -188,9 +189,8 @@ def _substitute(value: Any, references: dict[str, str], bases: dict[str, Any],
             try:
                 found = found[key]
             except (KeyError, IndexError, TypeError):
-                raise CommandError(
-                    f'{shown_path(path)}: {{{{ _base_.{references[value]} }}}} names nothing '
-                    'in its _base_ files') from None
+                raise CommandError(f'{shown_path(path)}: {{{{ _base_.{references[value]} }}}} '
+                                   'names nothing in its _base_ files') from None
         return found
     if isinstance(value, dict):
         return {k: _substitute(v, references, bases, path) for k, v in value.items()}

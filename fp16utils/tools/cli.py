@@ -310,12 +310,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _seed(text: str) -> int:
-    """A ``--seed``: an integer that ``torch.manual_seed`` takes."""
+def _integer(text: str) -> int:
     try:
-        value = int(text)
+        return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f'{text!r} is not an integer') from None
+
+
+def _seed(text: str) -> int:
+    """A ``--seed``: an integer that ``torch.manual_seed`` takes."""
+    value = _integer(text)
     low, high = -2**63, 2**64 - 1  # torch.manual_seed's range
     if not low <= value <= high:
         raise argparse.ArgumentTypeError(
@@ -324,10 +328,7 @@ def _seed(text: str) -> int:
 
 
 def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f'{text!r} is not an integer') from None
+    value = _integer(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f'{value} is not >= 1')
     return value
