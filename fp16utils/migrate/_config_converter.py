@@ -53,10 +53,15 @@ def _optimizer_layout(opt: Any) -> Optional[str]:
 class ConfigConverter:
     """One conversion of a deep copy of a config: :meth:`run`, then read ``problems``."""
 
-    def __init__(self, cfg: Mapping[str, Any]) -> None:
+    def __init__(self, cfg: Mapping[str, Any], codebase: Optional[str] = None,
+                 faithful: bool = False) -> None:
         self.out: dict[str, Any] = copy.deepcopy(dict(cfg))  # the copy being converted
         self.problems: list[str] = []  # one line per key not converted safely
+        self.notes: list[str] = []  # one line per value whose meaning changes
         self.drop: set[str] = set()  # keys left out of the result
+        self.codebase = codebase
+        self.faithful = faithful
+        self.test_fp16 = False  # the codebase's test script ran the model in half
 
     def problem(self, text: str) -> None:
         self.problems.append(text)

@@ -1,26 +1,36 @@
-"""Convert 0.x training configs to the 1.x ``optim_wrapper`` style, and switch on AMP.
+"""Convert 0.x training configs to the 1.x style, and switch on AMP.
 
-:func:`convert_config` warns or raises per problem, :func:`convert_config_report` returns
-the problems; :func:`enable_amp` is the ``--amp`` switch for a 1.x config.
+:func:`migrate_config` returns a :class:`MigrationReport` (the new config, its problems
+and notes); :func:`convert_config` warns or raises per problem,
+:func:`convert_config_report` returns the problems; :func:`enable_amp` is the ``--amp``
+switch for a 1.x config.
 """
 
 from __future__ import annotations
 
 import copy
+import os
 import warnings
 from collections.abc import Mapping
-from typing import Any, Optional
+from dataclasses import dataclass, field
+from typing import Any, Optional, Union
 
 from .._args.spec import PLUGIN_MODULE, PLUGIN_NAMES
+from ._codebase import find_codebase
 from ._config_converter import ConfigConverter
+from ._lr_schedule import convert_lr_schedule
+from ._runtime_keys import convert_runtime
 from ._wrapper_layout import wrapper_entries, wrapper_layout
 
 __all__ = [
     'ConfigConversionError',
+    'MigrationNote',
+    'MigrationReport',
     'MigrationWarning',
     'convert_config',
     'convert_config_report',
     'enable_amp',
+    'migrate_config',
 ]
 
 _WRAPPER_TYPES = frozenset({'OptimWrapper', 'AmpOptimWrapper'})
@@ -39,6 +49,47 @@ class MigrationWarning(UserWarning):
         >>> caught[0].category is MigrationWarning
         True
     """
+
+
+class MigrationNote(UserWarning):
+    """A value converted exactly as upstream does, whose meaning changes on the way.
+
+    :func:`convert_config` warns one per note (never raises on one, ``strict`` or not).
+
+    Example:
+        >>> import warnings
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter('always')
+        ...     _ = convert_config(dict(optimizer=dict(type='SGD', lr=0.1),
+        ...                             fp16=dict(loss_scale='dynamic')))
+        >>> any(w.category is MigrationNote for w in caught)
+        True
+    """
+
+
+@dataclass
+class MigrationReport:
+    """What :func:`migrate_config` made of a 0.x config.
+
+    Attributes:
+        config: the new config dict.
+        problems: one line per key that could not be converted exactly, each naming the
+            key, the 1.x key it maps to and what to do (``--strict`` fails on any).
+        notes: one line per value converted as upstream converts it whose meaning
+            changes on the way, with the faithful form.
+        codebase: the codebase whose rules were followed (``'mmdet'``, ``'mmseg'``, ...),
+            or ``None`` when it could not be told.
+
+    Example:
+        >>> report = migrate_config(dict(optimizer=dict(type='SGD', lr=0.1)))
+        >>> report.config['optim_wrapper']['type'], report.problems
+        ('OptimWrapper', [])
+    """
+
+    config: dict[str, Any]
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    codebase: Optional[str] = None
 
 
 class ConfigConversionError(ValueError):
@@ -66,6 +117,57 @@ class ConfigConversionError(ValueError):
         )
 
 
+def migrate_config(cfg: Mapping[str, Any], *, plugin: bool = False,
+                   codebase: Optional[str] = None,
+                   path: Union[str, os.PathLike[str], None] = None,
+                   faithful: bool = False) -> MigrationReport:
+    """Convert a 0.x config to the 1.x style: the whole ``fp16utils migrate`` pass.
+
+    The optimizer keys become ``optim_wrapper``; ``lr_config``/``momentum_config``
+    become ``param_scheduler``; ``runner``, ``evaluation``, ``checkpoint_config``,
+    ``log_config`` and the other runtime keys become ``train_cfg``/``val_cfg``/
+    ``test_cfg``, ``default_hooks`` and ``env_cfg``. What has no exact 1.x form is
+    listed in ``problems``.
+
+    Args:
+        cfg: the 0.x config as a dict (``_base_`` files merged). Not modified.
+        plugin: write the names of the MMEngine plug-in (see :func:`convert_config`).
+        codebase: the codebase the config belongs to (``'mmdet'``, ``'mmseg'``, ...);
+            ``None``: told from ``path`` and the config itself.
+        path: where the config file is, to tell its codebase.
+        faithful: write values with mmcv's meaning where MMEngine's reading differs
+            (``'dynamic'`` as mmcv's scaler numbers), instead of upstream's form.
+
+    Returns:
+        A :class:`MigrationReport`.
+
+    Raises:
+        TypeError: ``cfg`` is not a mapping.
+        ValueError: ``codebase`` is not a known codebase name.
+
+    Example:
+        >>> report = migrate_config(dict(optimizer=dict(type='SGD', lr=0.1),
+        ...                              fp16=dict(loss_scale=512.)), codebase='mmdet')
+        >>> report.config['optim_wrapper']['type'], report.codebase
+        ('AmpOptimWrapper', 'mmdet')
+    """
+    if not isinstance(cfg, Mapping):
+        raise TypeError(
+            f'expected the config as a dict, got {type(cfg).__name__}; load the config file '
+            'first (its top-level names as a dict) and pass that'
+        )
+    found = find_codebase(cfg, codebase, path)
+    converter = ConfigConverter(cfg, codebase=found, faithful=faithful)
+    new_cfg = converter.run()
+    report = MigrationReport(new_cfg, converter.problems, converter.notes, found)
+    convert_lr_schedule(new_cfg, report.problems, report.notes)
+    convert_runtime(new_cfg, report.problems, report.notes, test_fp16=converter.test_fp16,
+                    codebase=found)
+    if plugin:
+        _use_plugin(new_cfg)
+    return report
+
+
 def convert_config_report(cfg: Mapping[str, Any], plugin: bool = False
                           ) -> tuple[dict[str, Any], list[str]]:
     """Convert a 0.x training config as :func:`convert_config` does; return the problems.
@@ -87,16 +189,8 @@ def convert_config_report(cfg: Mapping[str, Any], plugin: bool = False
         >>> new['optim_wrapper']['type'], len(problems)
         ('OptimWrapper', 1)
     """
-    if not isinstance(cfg, Mapping):
-        raise TypeError(
-            f'expected the config as a dict, got {type(cfg).__name__}; load the config file '
-            'first (its top-level names as a dict) and pass that'
-        )
-    converter = ConfigConverter(cfg)
-    new_cfg = converter.run()
-    if plugin:
-        _use_plugin(new_cfg)
-    return new_cfg, converter.problems
+    report = migrate_config(cfg, plugin=plugin)
+    return report.config, report.problems
 
 
 def _use_plugin(cfg: dict[str, Any]) -> None:
@@ -150,13 +244,15 @@ def convert_config(cfg: Mapping[str, Any], strict: bool = False,
         {'optim_wrapper': {'type': 'AmpOptimWrapper', 'optimizer': {'type': 'Adam', \
 'lr': 0.001}, 'loss_scale': 512.0}}
     """
-    new_cfg, problems = convert_config_report(cfg, plugin)
-    if problems:
+    report = migrate_config(cfg, plugin=plugin)
+    if report.problems:
         if strict:
-            raise ConfigConversionError(problems)
-        for text in problems:
+            raise ConfigConversionError(report.problems)
+        for text in report.problems:
             warnings.warn(text, MigrationWarning, stacklevel=2)
-    return new_cfg
+    for text in report.notes:
+        warnings.warn(text, MigrationNote, stacklevel=2)
+    return report.config
 
 
 def enable_amp(cfg: Mapping[str, Any], dtype: Optional[str] = None) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import NoReturn, Optional, Sequence, TextIO
 
 from ..migrate._atomic import atomic_write, resolve_target
+from ..migrate._codebase import CODEBASES
 from ..migrate.config_files import format_config, load_config
 from ..migrate.errors import CommandError, UsageError
 from ..migrate.errors import shown_path as _shown
@@ -45,7 +46,7 @@ class _Parser(argparse.ArgumentParser):
 
 def cmd_migrate(args: argparse.Namespace, out: TextIO) -> int:
     """Convert a 0.x config file to the 1.x style."""
-    from ..migrate import ConfigConversionError, convert_config_report, enable_amp
+    from ..migrate import ConfigConversionError, enable_amp, migrate_config
 
     if args.dtype and not args.amp:
         raise UsageError('--dtype only applies with --amp (it sets the AMP dtype)')
@@ -59,10 +60,14 @@ def cmd_migrate(args: argparse.Namespace, out: TextIO) -> int:
     for notice in read:  # _deprecation_ notes: said, not problems of the conversion
         sys.stderr.write(f'{shown}: note: {_one_line(notice.message)}\n')
     try:
-        converted, problems = convert_config_report(cfg, plugin=args.plugin)
+        report = migrate_config(cfg, plugin=args.plugin, codebase=args.codebase,
+                                path=args.config, faithful=args.faithful)
     except (ConfigConversionError, TypeError, ValueError, AttributeError) as err:
         raise CommandError(f'{shown}: cannot be converted: {_one_line(err)}; nothing written'
                            ) from None
+    converted, problems = report.config, report.problems
+    for note in report.notes:
+        sys.stderr.write(f'{shown}: note: {_one_line(note)}\n')
     if args.amp:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter('always')
@@ -278,6 +283,13 @@ def build_parser() -> argparse.ArgumentParser:
                               'with a warning, for a wrapper that already uses fp16')
     migrate.add_argument('--plugin', action='store_true',
                          help="write a config for MMEngine's Runner with fp16utils' plug-in")
+    migrate.add_argument('--codebase', choices=CODEBASES, default=None,
+                         help="the codebase the config belongs to, whose rules for the fp16 "
+                         "key are followed (default: told from the config's path and "
+                         'contents)')
+    migrate.add_argument('--faithful', action='store_true',
+                         help="write values with mmcv's meaning where MMEngine reads the "
+                         "same value otherwise ('dynamic' loss scale as mmcv's numbers)")
     migrate.add_argument('--strict', action='store_true',
                          help='fail (exit 1) when something cannot be converted safely')
     migrate.set_defaults(func=cmd_migrate)
