@@ -157,7 +157,6 @@ def test_migrate_resolves_base_relative_to_the_file_and_writes_output(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert f'wrote {out_file}' in proc.stdout
     result = cli.load_config(out_file)
-    assert result['total_epochs'] == 12
     assert 'fp16' not in result and 'optimizer_config' not in result
     assert 'optimizer' not in result
     assert result['optim_wrapper'] == {
@@ -169,6 +168,41 @@ def test_migrate_resolves_base_relative_to_the_file_and_writes_output(tmp_path):
     wrapper = build_optim_wrapper(nn.Linear(2, 2), _caps.on_this_cpu(result['optim_wrapper']))
     assert isinstance(wrapper, AmpOptimWrapper)
     assert wrapper.loss_scale == (512.0 if wrapper.dtype == torch.float16 else 1.0)
+
+
+def test_migrate_reads_fp16_by_the_codebase_told_from_the_path(tmp_path):
+    folder = tmp_path / 'mmsegmentation' / 'configs' / 'mae'
+    folder.mkdir(parents=True)
+    cfg = write(folder / 'upernet_mae_fp16.py', """
+        model = dict(type='EncoderDecoder')
+        optimizer = dict(type='AdamW', lr=1e-4)
+        optimizer_config = dict()
+        fp16 = dict(loss_scale='dynamic')
+        """)
+    proc = call('migrate', str(cfg), '--strict')
+    assert proc.returncode == 0, proc.stderr
+    assert "type='OptimWrapper'" in proc.stdout and 'fp16 =' not in proc.stdout
+    notes = [line for line in proc.stderr.splitlines() if ': note: fp16: mmseg 0.x' in line]
+    assert len(notes) == 1 and 'trained in float32' in notes[0]
+    assert 'warning' not in proc.stderr
+    proc = call('migrate', str(cfg), '--codebase', 'mmdet')
+    assert "type='AmpOptimWrapper'" in proc.stdout and "loss_scale='dynamic'" in proc.stdout
+    assert "note: fp16.loss_scale: 'dynamic' kept" in proc.stderr
+
+
+def test_migrate_faithful_writes_mmcv_numbers_and_unknown_codebase_fails_strict(tmp_path):
+    cfg = write(tmp_path / 'model_fp16.py', """
+        optimizer = dict(type='SGD', lr=0.01)
+        fp16 = dict(loss_scale='dynamic')
+        """)
+    proc = call('migrate', str(cfg), '--faithful', '--codebase', 'mmcls')
+    assert proc.returncode == 0, proc.stderr
+    assert "loss_scale=dict(init_scale=4294967296.0, growth_interval=1000)" in proc.stdout
+    assert ': note: ' in proc.stderr and 'warning' not in proc.stderr
+    proc = call('migrate', str(cfg))
+    assert proc.returncode == 0
+    assert ': warning: fp16: the codebase could not be told' in proc.stderr
+    assert call('migrate', str(cfg), '--strict').returncode != 0
 
 
 def test_migrate_to_stdout_is_a_readable_python_config():
@@ -409,9 +443,10 @@ def test_bench_says_in_one_line_when_torch_cannot_measure(monkeypatch):
                         lambda device, dtype: dtype != torch.float16)
     proc = call('bench', 'decorators', '--quick')
     assert proc.returncode == 2 and proc.stdout == ''
+    device = 'cuda' if torch.cuda.is_available() else 'cpu'  # the benchmark's default
     assert proc.stderr.splitlines() == [
         f'decorators.py: cannot measure float16 here: torch {torch.__version__} has no '
-        'float16 matrix kernels on cpu']
+        f'float16 matrix kernels on {device}']
 
 
 # -------------------------------------------------------------------- demo

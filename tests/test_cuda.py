@@ -69,7 +69,8 @@ def test_force_fp32_switches_off_an_outer_cuda_autocast():
 
 
 def test_overflow_check_across_devices_is_one_answer():
-    on_gpu = nn.Parameter(torch.ones(4, device='cuda'))
+    # A half parameter on the GPU (its gradient is half too), a float one on the CPU.
+    on_gpu = nn.Parameter(torch.ones(4, device='cuda', dtype=torch.float16))
     on_cpu = nn.Parameter(torch.ones(4))
     on_gpu.grad = torch.ones(4, device='cuda', dtype=torch.float16)
     on_cpu.grad = torch.ones(4)
