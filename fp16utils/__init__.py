@@ -10,10 +10,19 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports
     from ._torch.versions import TORCH_VERSION, digit_version, has_native_amp
     from .cast import cast_tensor_type
-    from .debug import NonFiniteRecord, OverflowReport, find_overflow, nonfinite_summary
+    from .debug import (
+        NonFiniteRecord,
+        OverflowReport,
+        PrecisionProblem,
+        PrecisionReport,
+        diagnose_precision,
+        find_overflow,
+        nonfinite_summary,
+    )
     from .decorators import auto_fp16, force_fp32
     from .engine import StepResult
     from .fp32_modules import keep_fp32, kept_fp32
+    from .fp32_ops import fp32_function
     from .hooks import Fp16OptimizerHook, GradientCumulativeFp16OptimizerHook
     from .migrate import (
         ConfigConversionError,
@@ -54,6 +63,8 @@ __all__ = [
     'OptimWrapper',
     'OptimWrapperDict',
     'OverflowReport',
+    'PrecisionProblem',
+    'PrecisionReport',
     'StepResult',
     'TORCH_VERSION',
     '__version__',
@@ -62,11 +73,13 @@ __all__ = [
     'cast_tensor_type',
     'convert_config',
     'convert_config_report',
+    'diagnose_precision',
     'digit_version',
     'enable_amp',
     'find_overflow',
     'fix_imports',
     'force_fp32',
+    'fp32_function',
     'has_native_amp',
     'keep_fp32',
     'kept_fp32',
@@ -92,12 +105,16 @@ _EXPORTS = {
     'OverflowReport': 'debug',
     'find_overflow': 'debug',
     'nonfinite_summary': 'debug',
+    'PrecisionProblem': 'debug',
+    'PrecisionReport': 'debug',
+    'diagnose_precision': 'debug',
     'auto_fp16': 'decorators',
     'force_fp32': 'decorators',
     'StepResult': 'engine',
     'skip_aware': 'skip_proxy',
     'Fp16OptimizerHook': 'hooks',
     'GradientCumulativeFp16OptimizerHook': 'hooks',
+    'fp32_function': 'fp32_ops',
     'keep_fp32': 'fp32_modules',
     'kept_fp32': 'fp32_modules',
     'patch_mmcv': 'mmcv',

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, List, Optional, Tuple, Union
 
 import torch
 from torch import nn
@@ -10,7 +10,7 @@ from torch import nn
 from ._torch import caps, dtypes, models
 from ._torch.models import BatchNormBase as _BatchNorm
 from .cast import _cast
-from .fp32_modules import Fp32Modules, keep_fp32, match_modules
+from .fp32_modules import Fp32Modules, keep_fp32, kept_fp32, match_modules
 
 __all__ = ['patch_forward_method', 'patch_norm_fp32', 'wrap_fp16_model']
 
@@ -160,7 +160,9 @@ def wrap_fp16_model(model: nn.Module, dtype: Union[torch.dtype, str, None] = Non
 
     Sets ``fp16_enabled = True`` on every submodule that has the attribute;
     the legacy backend first converts the model to ``dtype`` and its norms
-    back to float32 (:func:`patch_norm_fp32`).
+    back to float32 (:func:`patch_norm_fp32`). Modules kept in float32
+    (``fp32_modules``, or :func:`keep_fp32` before) are left out of both: their
+    float32 values stay bit for bit and their flags stay off.
 
     Args:
         model: A float32 model.
@@ -195,14 +197,20 @@ def wrap_fp16_model(model: nn.Module, dtype: Union[torch.dtype, str, None] = Non
     low = dtypes.resolve_dtype(dtype)
     # None falls back to 'legacy' where autocast cannot run low (or this model's norms) there.
     backend = caps.backend_for(backend, models.module_device_type(model), low, model)
-    match_modules(model, fp32_modules, 'wrap_fp16_model(fp32_modules=...)')  # before changes
+    names = match_modules(model, fp32_modules, 'wrap_fp16_model(fp32_modules=...)')
+    names += [name for name in kept_fp32(model) if name not in names]  # keep_fp32 before
+    kept = [model.get_submodule(name) if name else model for name in names]
     if backend == 'legacy':
         _refuse_scripted(model, "wrap_fp16_model(backend='legacy')")
+        originals = _float32_tensors(kept)  # the kept modules' values, never rounded
         model.to(low)
         _patch_norms(model, low)
-    keep_fp32(model, fp32_modules, low if backend == 'legacy' else None)
+    keep_fp32(model, names or None, low if backend == 'legacy' else None)
+    if backend == 'legacy':
+        _restore(originals)
+    inside = {id(sub) for module in kept for sub in module.modules()}  # kept: no half
     for module in model.modules():
-        if hasattr(module, 'fp16_enabled'):
+        if hasattr(module, 'fp16_enabled') and id(module) not in inside:
             # The flag goes last: a call in another thread meanwhile runs either
             # in float32 or with the dtype and backend already in place.
             module._fp16_autocast = backend == 'native'
@@ -210,3 +218,23 @@ def wrap_fp16_model(model: nn.Module, dtype: Union[torch.dtype, str, None] = Non
                 module.fp16_dtype = low
             module.fp16_enabled = True
     return model
+
+
+def _float32_tensors(modules: List[nn.Module]) -> List[Tuple[nn.Module, str, torch.Tensor]]:
+    """(owner, name, tensor) for each float32 parameter and buffer of ``modules``."""
+    found = []
+    for module in modules:
+        for owner in module.modules():
+            named = [*owner.named_parameters(recurse=False), *owner.named_buffers(recurse=False)]
+            found += [(owner, name, t.data) for name, t in named if t.dtype == torch.float32]
+    return found
+
+
+def _restore(saved: List[Tuple[nn.Module, str, torch.Tensor]]) -> None:
+    """Put back what :func:`_float32_tensors` took (a parameter keeps its object)."""
+    for owner, name, tensor in saved:
+        current = getattr(owner, name)
+        if isinstance(current, nn.Parameter):
+            current.data = tensor
+        else:
+            setattr(owner, name, tensor)  # a registered buffer: replaced in place

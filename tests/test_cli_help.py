@@ -103,7 +103,7 @@ def _migrate(tmp_path, *options):
 
 
 def test_migrate_plugin_writes_the_plugin_config(tmp_path):
-    code, text, err = _migrate(tmp_path, '--plugin')
+    code, text, err = _migrate(tmp_path, '--plugin', '--codebase', 'mmdet')
     assert code == 0 and err == ''
     namespace: dict = {}
     exec(text, namespace)  # the written file loads as a config

@@ -222,6 +222,6 @@ def test_the_converted_sample_builds_the_wrapper_it_describes(flags):
     assert wrapper.state_dict()['loss_scaler']['growth_interval'] == 500  # scale_window
     group = wrapper.optimizer.param_groups[0]
     assert (group['lr'], group['momentum'], group['weight_decay']) == (0.01, 0.9, 0.0001)
-    assert cfg['lr_config'] == dict(policy='step', warmup='linear', warmup_iters=500,
-                                    step=[8, 11])  # left as it was
+    assert 'lr_config' not in cfg  # the schedule became param_scheduler
+    assert [s['type'] for s in cfg['param_scheduler']] == ['LinearLR', 'MultiStepLR']
     assert 'fp16' not in cfg and 'optimizer_config' not in cfg and 'optimizer' not in cfg

@@ -51,7 +51,7 @@ def _mmengine_all() -> list:
 
 def test_every_public_name_has_its_entry_on_an_api_page():
     documented = _directives()
-    assert len(fp16utils.__all__) == 40
+    assert len(fp16utils.__all__) == 44
     missing = [name for name in fp16utils.__all__ if f'fp16utils.{name}' not in documented]
     assert missing == []
     plugin = _mmengine_all()
@@ -170,7 +170,7 @@ def _subcommands() -> dict:
 def test_the_cli_page_has_a_section_per_subcommand_with_every_option():
     sections = _sections(DOCS / 'reference' / 'cli.md')
     commands = _subcommands()
-    assert sorted(commands) == ['bench', 'demo', 'env', 'migrate', 'run', 'scan']
+    assert sorted(commands) == ['bench', 'demo', 'doctor', 'env', 'migrate', 'run', 'scan']
     for name, sub in commands.items():
         assert name in sections, f'cli.md has no "## {name}" section'
         text = sections[name]

@@ -502,3 +502,17 @@ def test_the_engine_logs_to_the_logger_of_the_current_run():
     assert first.lines == [] and len(second.lines) == 1
     assert 'runner.meta holds no loss-scaler state' in second.lines[0]
     assert allreduce_mod.world_size() == 1  # no process group
+
+
+@pytest.mark.parametrize('backend', BACKENDS)
+def test_a_module_kept_in_float32_before_the_run_stays_float32(backend):
+    # The 0.x route to fp32_modules: keep_fp32 in the script, then the hook wraps the model.
+    from fp16utils import keep_fp32
+    hook = Fp16OptimizerHook(loss_scale=128.0, backend=backend, dtype=_caps.LEGACY_LOW)
+    runner = make_runner(hook, 3, opt_cls=torch.optim.SGD)
+    keep_fp32(runner.model, ['fc2'])
+    runner.run(R.make_data(3), R.mse)
+    model = runner.model
+    assert model.fc2.weight.dtype == torch.float32 and model.fc2.bias.dtype == torch.float32
+    assert model.fc1.weight.dtype == (_caps.LEGACY_LOW if backend == 'legacy' else torch.float32)
+    assert hook.skipped_steps == 0 and all(torch.isfinite(p).all() for p in model.parameters())

@@ -22,19 +22,44 @@ from fp16utils.migrate import (
     FileChange,
     Finding,
     MigrationWarning,
-    convert_config,
-    convert_config_report,
     enable_amp,
     fix_imports,
     scan,
 )
+from fp16utils.migrate import convert_config as _convert_config
+from fp16utils.migrate import convert_config_report as _convert_config_report
 
 FIXTURE = Path(__file__).parent / 'fixtures' / 'legacy_codebase'
+
+
+# The rule tests below follow mmdet 2.x's reading of ``fp16`` (as ``--codebase mmdet``);
+# the codebase rules themselves are tested in tests/test_migrate_codebase.py.
+def convert_config(cfg, strict=False, plugin=False, codebase='mmdet'):
+    return _convert_config(cfg, strict=strict, plugin=plugin, codebase=codebase)
+
+
+def convert_config_report(cfg, plugin=False, codebase='mmdet'):
+    return _convert_config_report(cfg, plugin=plugin, codebase=codebase)
 
 
 def convert_clean(cfg):
     """convert_config that also asserts the conversion had no problem."""
     new, problems = convert_config_report(cfg)
+    assert problems == []
+    return new
+
+
+def optimizer_pass(cfg, codebase='mmdet'):
+    """The optimizer pass alone (no schedule or runtime pass): (new config, problems)."""
+    from fp16utils.migrate._config_converter import ConfigConverter
+
+    converter = ConfigConverter(cfg, codebase=codebase)
+    return converter.run(), converter.problems
+
+
+def pass_clean(cfg):
+    """The optimizer pass alone, asserting it had no problem."""
+    new, problems = optimizer_pass(cfg)
     assert problems == []
     return new
 
@@ -58,7 +83,7 @@ def retinanet_fp16_cfg():
 
 
 def test_fp16_hook_and_sgd_become_one_amp_optim_wrapper():
-    new = convert_clean(retinanet_fp16_cfg())
+    new = pass_clean(retinanet_fp16_cfg())
     assert new['optim_wrapper'] == dict(
         type='AmpOptimWrapper',
         optimizer=dict(type='SGD', lr=0.01, momentum=0.9, weight_decay=0.0001),
@@ -80,7 +105,7 @@ def test_fp16_hook_and_sgd_become_one_amp_optim_wrapper():
 
 def test_non_fp16_matters_are_kept_untouched():
     cfg = retinanet_fp16_cfg()
-    new = convert_clean(cfg)
+    new = pass_clean(cfg)
     for key in ('_base_', 'model', 'lr_config', 'total_epochs', 'log_config'):
         assert new[key] == cfg[key]
 
@@ -252,7 +277,7 @@ def test_seed000_runner_fp16_loss_scaler_becomes_amp_wrappers():
 
 
 def test_runner_keeps_its_other_keys():
-    new = convert_clean(
+    new = pass_clean(
         dict(
             optimizer=dict(type='Adam', lr=1e-4),
             runner=dict(
@@ -376,7 +401,7 @@ def test_seed003_biggan_128_comes_out_as_the_seed_shows():
     # train_cfg keys that are not the GAN step counts stay.
     expected['train_cfg'] = dict(use_ema=True)
 
-    assert convert_clean(cfg) == expected
+    assert pass_clean(cfg) == expected
 
 
 def test_gan_multi_optimizer_with_fp16_and_grad_clip_on_each_entry():
@@ -420,7 +445,7 @@ def test_disc_steps_not_divisible_by_accumulation_is_reported_not_silently_floor
 
 
 def test_accumulation_without_any_optimizer_stays_in_train_cfg_and_is_reported():
-    new, problems = convert_config_report(
+    new, problems = optimizer_pass(
         dict(_base_='gan.py', train_cfg=dict(disc_steps=2, batch_accumulation_steps=2))
     )
     assert new['train_cfg'] == dict(batch_accumulation_steps=2)
@@ -454,7 +479,7 @@ def test_unknown_keys_are_kept_untouched():
         evaluation=dict(interval=1, metric='bbox'),
         workflow=[('train', 1)],
     )
-    new = convert_clean(cfg)
+    new = pass_clean(cfg)
     for key in ('custom_imports', 'my_own_key', 'evaluation', 'workflow'):
         assert new[key] == cfg[key]
 
@@ -592,7 +617,7 @@ def test_existing_optim_wrapper_next_to_0x_keys_is_reported():
 
 
 def test_apex_amp_runner_flag_is_reported():
-    new, problems = convert_config_report(
+    new, problems = optimizer_pass(
         dict(
             optimizer=dict(type='Adam'),
             runner=dict(type='X', use_apex_amp=True, fp16_loss_scaler=None),
@@ -1283,7 +1308,8 @@ def test_migrate_names_a_misspelt_fp16_key_and_the_closest_accepted_one():
     new, problems = convert_config_report(cfg)
     assert len(problems) == 1
     assert "fp16 got the unknown key 'loss_scal' (did you mean 'loss_scale'?)" in problems[0]
-    assert new['fp16'] == dict(loss_scal=512.)  # kept for the user to fix
+    assert 'dropped with the fp16 key' in problems[0]
+    assert 'fp16' not in new  # MMEngine ignores the key: never written back
 
 
 def test_scan_names_a_misspelt_fp16_key_instead_of_the_default_scale(tmp_path):
@@ -1313,7 +1339,7 @@ def test_the_conversion_pass_keeps_what_it_cannot_convert_and_lists_it():
     from fp16utils.migrate._config_converter import ConfigConverter
 
     converter = ConfigConverter(dict(optimizer=dict(type='SGD', lr=0.1),
-                                     fp16=dict(loss_scale='huge')))
+                                     fp16=dict(loss_scale='huge')), codebase='mmdet')
     new = converter.run()
     assert new['optim_wrapper']['loss_scale'] == 'huge'
     assert len(converter.problems) == 1 and converter.problems[0].startswith('fp16.loss_scale')

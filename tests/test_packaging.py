@@ -240,7 +240,7 @@ LAYERS: list[set[str]] = [
     {'cast'},
     {'_cast_plan'},
     {'decorators'},
-    {'fp32_modules'},
+    {'fp32_modules', 'fp32_ops'},
     {'wrap'},
     {'scaler', 'records'},
     {'debug'},

@@ -12,6 +12,7 @@ from fp16utils import (
     _torch,
     auto_fp16,
     force_fp32,
+    keep_fp32,
     patch_forward_method,
     patch_norm_fp32,
     wrap_fp16_model,
@@ -411,3 +412,69 @@ def test_state_dict_from_float32_model_into_wrapped():
     assert target.block.conv.weight.dtype == LEGACY  # load_state_dict copies into place
     tol = 2e-2 if LEGACY == F16 else 1e-1
     assert torch.allclose(target(inputs()), ref(inputs()), atol=tol, rtol=tol)
+
+
+# ------------------------------------------------- fp32_modules on the legacy backend
+
+
+class _Scaled(nn.Module):
+    """A kept island holding a large weight and an @auto_fp16 method of its own."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+        self.fp16_enabled = False
+        with torch.no_grad():
+            self.fc.weight.fill_(1e5)  # beyond float16's largest value
+            self.fc.bias.copy_(torch.tensor([0.1, 1 / 3, 2.0 ** -20]))  # not exact in half
+        self.register_buffer('count', torch.tensor([1 / 3]))
+
+    @auto_fp16(apply_to=('x',))
+    def forward(self, x):
+        return self.fc(x) * 1e-5 + self.count
+
+
+def test_legacy_kept_modules_keep_their_float32_values_bit_for_bit():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 3), _Scaled())
+    before = {k: v.clone() for k, v in model[1].state_dict().items()}
+    low = _caps.LEGACY_LOW  # float16 where this torch has CPU half kernels, else bfloat16
+    wrap_fp16_model(model, backend='legacy', fp32_modules=['1'], dtype=low)
+    assert model[0].weight.dtype == low
+    for key, value in model[1].state_dict().items():
+        assert value.dtype == torch.float32 and torch.equal(value, before[key]), key
+    out = model(torch.ones(2, 3, dtype=low))
+    assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize('backend', ['native', 'legacy'])
+def test_modules_inside_a_kept_island_are_not_switched_to_half(backend):
+    model = nn.Sequential(nn.Linear(3, 3), _Scaled())
+    model[0].fp16_enabled = False
+    wrap_fp16_model(model, backend=backend, fp32_modules=['1'], dtype=torch.bfloat16)
+    assert model[0].fp16_enabled is True
+    assert model[1].fp16_enabled is False  # its @auto_fp16 would cast back to half
+    seen = []
+    model[1].fc.register_forward_hook(lambda m, args, out: seen.append(args[0].dtype))
+    x = torch.ones(2, 3)
+    if backend == 'native':
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            model(x)
+    else:
+        model(x.bfloat16())
+    assert seen == [torch.float32]
+
+
+def test_a_module_kept_before_wrapping_stays_float32_on_the_legacy_backend():
+    # What a 0.x script does before Fp16OptimizerHook wraps the model (the hook takes no
+    # fp32_modules): keep_fp32 first, then wrap_fp16_model converts the rest.
+    model = nn.Sequential(nn.Linear(3, 3), _Scaled())
+    before = {k: v.clone() for k, v in model[1].state_dict().items()}
+    keep_fp32(model, ['1'])
+    low = _caps.LEGACY_LOW
+    wrap_fp16_model(model, backend='legacy', dtype=low)
+    assert model[0].weight.dtype == low and model[1].fp16_enabled is False
+    for key, value in model[1].state_dict().items():
+        assert torch.equal(value, before[key]), key
+    out = model(torch.ones(2, 3, dtype=low))
+    assert out.dtype == low and torch.isfinite(out).all()  # cast back for what follows

@@ -1,7 +1,8 @@
 """Move a 0.x fp16 codebase to the 1.x style; standard library only (no torch, no mmcv).
 
-``convert``: :func:`migrate_config`, :func:`convert_config`, :func:`convert_config_report` and the ``--amp``
-switch :func:`enable_amp`; ``config_files``: :func:`load_config`, :func:`format_config`;
+``convert``: :func:`migrate_config`, :func:`convert_config`,
+:func:`convert_config_report` and the ``--amp`` switch :func:`enable_amp`;
+``config_files``: :func:`load_config`, :func:`format_config`;
 ``scanner``: :func:`scan`; ``import_fixer``: :func:`fix_imports`; ``errors``: the
 command's two errors.
 """

@@ -1,8 +1,11 @@
 """The 0.x -> 1.x config conversion pass behind :func:`~fp16utils.migrate.convert_config`.
 
-:class:`ConfigConverter` reads the 0.x keys (``fp16``, ``optimizer``, ``optimizer_config``,
-``runner.fp16_loss_scaler``, the GAN ``train_cfg`` steps) of a deep copy of the config,
-builds the ``optim_wrapper``, and lists every key it could not convert safely.
+:class:`ConfigConverter` reads the 0.x optimizer keys (``optimizer``, MMEditing's
+``optimizers``, the GAN ``train_cfg`` steps; ``fp16``, ``optimizer_config`` and
+``runner.fp16_loss_scaler`` through :class:`~._legacy_keys.LegacyKeys`, by the codebase's
+rules) of a deep copy of the config, builds the ``optim_wrapper``, lists every key it
+could not convert safely in ``problems`` and every value whose meaning changes in
+``notes``, and sets ``test_fp16`` when the codebase's test script ran in half precision.
 """
 
 from __future__ import annotations
@@ -11,32 +14,23 @@ import copy
 from collections.abc import Mapping
 from typing import Any, Optional
 
-from .._args.keys import FP16_HOOK_ARGS, unknown_keys_message
 from .._args.spec import MMCV_LOSS_SCALE, is_positive_int
+from ._codebase import constructor_in_1x
+from ._legacy_keys import MISSING as _MISSING
+from ._legacy_keys import LegacyKeys
 from ._loss_scale import convert_loss_scale
 from ._wrapper_layout import wrapper_entries, wrapper_layout
 
 __all__ = ['ConfigConverter']
 
-_MISSING: Any = object()
-
-#: mmcv optimizer hooks whose behaviour the 1.x wrappers cover.
-_FP16_HOOKS = frozenset({'Fp16OptimizerHook', 'GradientCumulativeFp16OptimizerHook'})
-_CUMULATIVE_HOOKS = frozenset(
-    {'GradientCumulativeOptimizerHook', 'GradientCumulativeFp16OptimizerHook'}
-)
-_KNOWN_HOOKS = _FP16_HOOKS | _CUMULATIVE_HOOKS | {'OptimizerHook', 'DistOptimizerHook'}
-
-#: Hook arguments that only drove mmcv's own gradient all-reduce (done by the DDP
-#: wrapper in 1.x) or its debugging aids; dropped, with a problem when not default.
-_OBSOLETE_HOOK_ARGS = {
-    'coalesce': True,
-    'bucket_size_mb': -1,
-    'distributed': True,
-    'detect_anomalous_params': False,
-}
-
 _GAN_STEP_KEYS = ('disc_steps', 'gen_steps', 'batch_accumulation_steps')
+
+#: MMEditing 0.x models whose mmagic 1.x counterparts take one wrapper per submodule
+#: (an OptimWrapperDict) even with one optimizer; the others take a single wrapper.
+_MMEDIT_DICT_MODELS = frozenset({'SRGAN', 'ESRGAN', 'RealESRGAN', 'RealBasicVSR', 'DIC',
+                                 'TTSR', 'GLEAN', 'CycleGAN', 'Pix2Pix'})
+#: Submodule names that mmagic 1.x reads under other keys, per model type.
+_MMAGIC_KEYS = {'Pix2Pix': {'generator': 'generators', 'discriminator': 'discriminators'}}
 
 
 def _optimizer_layout(opt: Any) -> Optional[str]:
@@ -50,7 +44,7 @@ def _optimizer_layout(opt: Any) -> Optional[str]:
     return None
 
 
-class ConfigConverter:
+class ConfigConverter(LegacyKeys):
     """One conversion of a deep copy of a config: :meth:`run`, then read ``problems``."""
 
     def __init__(self, cfg: Mapping[str, Any], codebase: Optional[str] = None,
@@ -63,157 +57,79 @@ class ConfigConverter:
         self.faithful = faithful
         self.test_fp16 = False  # the codebase's test script ran the model in half
 
-    def problem(self, text: str) -> None:
-        self.problems.append(text)
-
-    def _keep_rest(self, key: str, rest: Mapping[str, Any], **head: Any) -> None:
-        """Leave ``head`` + ``rest`` (what was not converted) under ``key``; no rest: drop it."""
-        if rest:
-            self.out[key] = {**head, **rest}
-        else:
-            self.drop.add(key)
-
-    # -- the parts ----------------------------------------------------------------
-
-    def _read_fp16(self) -> tuple[bool, Any]:
-        """Read the ``fp16`` key: (is fp16 on, loss_scale or _MISSING)."""
-        if 'fp16' not in self.out:
-            return False, _MISSING
-        fp16 = self.out['fp16']
-        if fp16 is None:
-            self.drop.add('fp16')
-            return False, _MISSING
-        if not isinstance(fp16, Mapping):
-            self.problem(
-                f'fp16: expected dict(loss_scale=...) or None, got {fp16!r}; left untouched '
-                'and fp16 NOT enabled; fix the key or call enable_amp() on the result'
-            )
-            return False, _MISSING
-        unknown = {k: v for k, v in fp16.items() if k != 'loss_scale'}
-        misspelt = [k for k in unknown if k not in FP16_HOOK_ARGS]
-        if misspelt:  # Fp16OptimizerHook(**fp16) refuses these in 0.x training too
-            self.problem(
-                unknown_keys_message('fp16', misspelt, FP16_HOOK_ARGS)
-                + '; Fp16OptimizerHook(**fp16), as mmdet 2.x builds it, refuses it too: fix the '
-                'key in the 0.x config and migrate again (it was left in the fp16 key)'
-            )
-        hook_args = sorted(k for k in unknown if k in FP16_HOOK_ARGS)
-        if hook_args:
-            self.problem(
-                f'fp16: {", ".join(hook_args)} not understood (only loss_scale is); '
-                'left in the fp16 key; port them by hand'
-            )
-        self._keep_rest('fp16', unknown)
-        return True, fp16.get('loss_scale', _MISSING)
-
-    def _read_runner(self) -> tuple[bool, Any]:
-        """Read ``runner.fp16_loss_scaler`` (MMEditing/MMGeneration 0.x)."""
-        runner = self.out.get('runner')
-        if not isinstance(runner, Mapping):
-            return False, _MISSING
-        if runner.get('use_apex_amp'):
-            self.problem(
-                'runner.use_apex_amp: apex AMP has no 1.x config equivalent and was left '
-                'untouched; AmpOptimWrapper (native torch AMP) replaces it: remove the key '
-                'and call enable_amp() on the converted config'
-            )
-        if 'fp16_loss_scaler' not in runner:
-            return False, _MISSING
-        scaler = runner['fp16_loss_scaler']
-        self._keep_rest('runner', {k: v for k, v in runner.items() if k != 'fp16_loss_scaler'})
-        if not scaler:  # the 0.x runners enable the scaler only when it is truthy
-            return False, _MISSING
-        return True, scaler
-
-    def _read_hook(self, fp16_elsewhere: bool) -> dict[str, Any]:
-        """Read ``optimizer_config``: what it contributes to the wrapper."""
-        found: dict[str, Any] = {'fp16': False}
-        if 'optimizer_config' not in self.out:
-            return found
-        hook = self.out['optimizer_config']
-        if hook is None:
-            self.drop.add('optimizer_config')
-            return found
-        if not isinstance(hook, Mapping):
-            self.problem(
-                f'optimizer_config: expected a dict of optimizer hook arguments, got {hook!r}; '
-                'left untouched'
-            )
-            return found
-        hook_type = hook.get('type', 'OptimizerHook')
-        if hook_type not in _KNOWN_HOOKS:
-            self.problem(
-                f'optimizer_config.type: {hook_type!r} is not an mmcv optimizer hook '
-                f'({", ".join(sorted(_KNOWN_HOOKS))}); left untouched; port its step logic '
-                'to a custom OptimWrapper by hand'
-            )
-            return found
-        found['fp16'] = hook_type in _FP16_HOOKS
-        fp16_on = found['fp16'] or fp16_elsewhere
-        leftover: dict[str, Any] = {}
-        for key, val in hook.items():
-            where = f'optimizer_config.{key}'
-            if key == 'type':
-                continue
-            if key == 'grad_clip':
-                if val is None:
-                    continue
-                if isinstance(val, Mapping):
-                    found['clip_grad'] = dict(val)
-                else:
-                    self.problem(
-                        f'{where}: expected dict(max_norm=..., norm_type=...) or None, got '
-                        f'{val!r}; left in optimizer_config'
-                    )
-                    leftover[key] = val
-            elif key == 'cumulative_iters' and hook_type in _CUMULATIVE_HOOKS:
-                if is_positive_int(val):
-                    if val > 1:
-                        found['accumulative_counts'] = val
-                else:
-                    self.problem(
-                        f'{where}: expected an int >= 1, got {val!r}; left in optimizer_config'
-                    )
-                    leftover[key] = val
-            elif key == 'loss_scale' and fp16_on:
-                found['loss_scale'] = val
-            elif key in _OBSOLETE_HOOK_ARGS:
-                if val != _OBSOLETE_HOOK_ARGS[key]:
-                    self.problem(
-                        f'{where}={val!r} has no 1.x equivalent (gradients are all-reduced '
-                        'by the DDP model wrapper in 1.x) and was dropped'
-                    )
-            else:
-                self.problem(
-                    f'{where}: not an argument that {hook_type} understands here; left in '
-                    'optimizer_config; port it by hand'
-                )
-                leftover[key] = val
-        self._keep_rest('optimizer_config', leftover, type=hook_type)
-        return found
-
     def _wrapper_entry(
-        self, opt: Mapping[str, Any], where: str, amp: bool, extras: dict[str, Any]
+        self, opt: Mapping[str, Any], where: str, amp: bool, extras: dict[str, Any],
+        typed: bool = False
     ) -> dict[str, Any]:
         """Build one wrapper dict (single wrapper or one entry of a multi config)."""
         optimizer = dict(opt)
         entry: dict[str, Any] = {}
-        if amp or where == 'optimizer':
+        if amp or typed or where == 'optimizer':
             entry['type'] = 'AmpOptimWrapper' if amp else 'OptimWrapper'
         paramwise = optimizer.pop('paramwise_cfg', _MISSING)
         constructor = optimizer.pop('constructor', _MISSING)
         entry['optimizer'] = optimizer
         entry.update(extras)
         if paramwise is not _MISSING:
-            entry['paramwise_cfg'] = paramwise
+            entry['paramwise_cfg'] = self._paramwise(paramwise, where)
+        self._float_betas(optimizer, where)
         if constructor is not _MISSING and constructor != 'DefaultOptimizerConstructor':
             entry['constructor'] = constructor
-            self.problem(
-                f'{where}.constructor: {constructor!r} was moved to the optim_wrapper, but '
-                '1.x constructors build optimizer wrappers and have another interface; '
-                'port the constructor class to an OptimWrapper constructor'
-            )
+            self._named_constructor(constructor, where)
         return entry
+
+    def _paramwise(self, paramwise: Any, where: str) -> Any:
+        """``paramwise_cfg`` without ``_delete``, the misspelt ``_delete_`` mmcv ignored."""
+        if not isinstance(paramwise, Mapping) or '_delete' not in paramwise:
+            return paramwise
+        self.notes.append(
+            f'{where}.paramwise_cfg._delete: {paramwise["_delete"]!r} dropped; a misspelling of '
+            "_delete_ that mmcv's Config merged as an ordinary option and mmcv's "
+            'DefaultOptimizerConstructor never read (the base paramwise_cfg options were '
+            "merged in 0.x as here); 1.x constructors may refuse it; write _delete_=True "
+            'in the 0.x config if the base options were meant to go; see '
+            'docs/migration/upstream.md#conversion-fixes'
+        )
+        return {k: v for k, v in paramwise.items() if k != '_delete'}
+
+    def _float_betas(self, optimizer: dict[str, Any], where: str) -> None:
+        """Write int ``betas`` (mmgen's ``(0, 0.99)``) as floats: torch 2 Adam refuses ints."""
+        betas = optimizer.get('betas')
+        if not isinstance(betas, (list, tuple)) or not any(type(b) is int for b in betas):
+            return
+        new = type(betas)(float(b) if type(b) is int else b for b in betas)
+        optimizer['betas'] = new
+        self.notes.append(
+            f'{where}.betas: {tuple(betas)!r} written as {tuple(new)!r}, the same values as '
+            "floats; recent torch releases' Adam refuses an int beta (\"betas must be either "
+            'both floats or both Tensors\"); see docs/migration/upstream.md#conversion-fixes'
+        )
+
+    def _named_constructor(self, name: Any, where: str) -> None:
+        """Say what becomes of a named 0.x constructor, kept in ``optim_wrapper.constructor``."""
+        found = constructor_in_1x(self.codebase, name) if isinstance(name, str) else None
+        see = 'see docs/migration/convert-config.md#named-constructors'
+        if found is not None and found[0] == name:
+            self.notes.append(
+                f'{where}.constructor: {name!r} kept as optim_wrapper.constructor with its '
+                f'paramwise_cfg; {found[1]} ships a 1.x constructor of this name (upstream\'s '
+                f'configs use it), found when its registry is in scope (default_scope or '
+                f'custom_imports); {see}'
+            )
+        elif found is not None:
+            self.problem(
+                f'{where}.constructor: {name!r} kept as optim_wrapper.constructor, but '
+                f'{found[1]} renamed it {found[0]!r} and reads other paramwise_cfg options: '
+                f'set optim_wrapper.constructor={found[0]!r} and port paramwise_cfg; {see}'
+            )
+        else:
+            known = f' for {self.codebase}' if self.codebase else ' (the codebase is unknown)'
+            self.problem(
+                f'{where}.constructor: {name!r} kept as optim_wrapper.constructor, but no 1.x '
+                f'constructor of this name is known{known}; 1.x constructors build optimizer '
+                f'wrappers and have another interface: port it to an OptimWrapper '
+                f'constructor registered under this name; {see}'
+            )
 
     def _gan_steps(self, wrapper: Optional[dict[str, Any]], layout: Optional[str]) -> None:
         """``train_cfg.disc_steps/gen_steps/batch_accumulation_steps`` -> 1.x keys."""
@@ -293,87 +209,121 @@ class ConfigConverter:
     def run(self) -> dict[str, Any]:
         """Convert: the new config, in the key order of the old one; see ``problems``."""
         out = self.out
+        if 'custom_imports' in out:
+            self.notes.append(
+                'custom_imports: kept; MMEngine imports these modules too, and what they '
+                'register must now go into the 1.x registries (mmengine.registry or the 1.x '
+                "codebase's), not mmcv's; see docs/migration/convert-config.md#custom-imports"
+            )
+        key = 'optimizer'
+        if 'optimizers' in out and 'optimizer' not in out:
+            key = 'optimizers'  # MMEditing 0.x: read by its build_optimizers
         anchor = next(
-            (k for k in ('optimizer', 'optimizer_config', 'fp16', 'runner') if k in out), None
+            (k for k in (key, 'optimizer_config', 'fp16', 'runner') if k in out), None
         )
         wrapper: Optional[dict[str, Any]] = None
         layout: Optional[str] = None
 
-        has_legacy = any(k in out for k in ('optimizer', 'optimizer_config', 'fp16')) or (
+        has_legacy = any(k in out for k in (key, 'optimizer_config', 'fp16')) or (
             isinstance(out.get('runner'), Mapping) and 'fp16_loss_scaler' in out['runner']
         )
-        opt = out.get('optimizer', _MISSING)
+        opt = out.get(key, _MISSING)
         opt_layout = _optimizer_layout(opt) if opt is not _MISSING else None
 
         if 'optim_wrapper' in out:
             if has_legacy:
                 self.problem(
                     'optim_wrapper: the config already has an optim_wrapper and also 0.x '
-                    'keys (optimizer/optimizer_config/fp16/runner.fp16_loss_scaler); the 0.x '
+                    f'keys ({key}/optimizer_config/fp16/runner.fp16_loss_scaler); the 0.x '
                     'keys were left untouched; merge them by hand'
                 )
             wrapper = out['optim_wrapper'] if isinstance(out['optim_wrapper'], dict) else None
             layout = wrapper_layout(wrapper) if wrapper is not None else None
+        elif opt is None and self.codebase == 'mmgen':
+            self.drop.add(key)  # MMEngine would ignore it
+            self.problem(
+                f'{key}: None (left out): the mmgen 0.x model builds its own optimizers '
+                '(SinGAN, PGGAN, StyleGAN-v1 read lr and betas from its train_cfg), so there '
+                'is no optimizer to convert and no optim_wrapper was written; mmagic 1.x '
+                'configures these '
+                "models with optim_wrapper=dict(constructor='SinGANOptimWrapperConstructor' "
+                "or 'PGGANOptimWrapperConstructor', generator=dict(optimizer=...), "
+                'discriminator=dict(optimizer=...)): write it by hand; see '
+                'docs/migration/upstream.md#conversion-fixes'
+            )
         elif opt is not _MISSING and opt_layout is None:
             self.problem(
-                "optimizer: expected dict(type='SGD', ...) or one dict with a 'type' per "
+                f"{key}: expected dict(type='SGD', ...) or one dict with a 'type' per "
                 f'submodule (generator=dict(type=...), ...), got {opt!r}; the optimizer and '
                 'fp16 keys were left untouched; fix the optimizer and convert again'
             )
         elif has_legacy:
-            wrapper, layout = self._convert_optimizer(opt, opt_layout)
+            wrapper, layout = self._convert_optimizer(opt, opt_layout, key)
 
         self._gan_steps(wrapper, layout)
 
         result: dict[str, Any] = {}
-        for key, val in out.items():
-            if key == anchor and wrapper is not None and 'optim_wrapper' not in out:
+        for name, val in out.items():
+            if name == anchor and wrapper is not None and 'optim_wrapper' not in out:
                 result['optim_wrapper'] = wrapper
-            if key in self.drop:
+            if name in self.drop:
                 continue
-            result[key] = val
+            result[name] = val
         if wrapper is not None and 'optim_wrapper' not in result:
             result['optim_wrapper'] = wrapper
         return result
 
+    def _loss_scale(self, fp16_scale: Any, hook: dict[str, Any], runner_scale: Any) -> Any:
+        """The one loss scale of the wrapper(s), from wherever the 0.x config set it."""
+        candidates = [
+            (where, val)
+            for where, val in (
+                ('fp16.loss_scale', fp16_scale),
+                ('optimizer_config.loss_scale', hook.get('loss_scale', _MISSING)),
+                ('runner.fp16_loss_scaler', runner_scale),
+            )
+            if val is not _MISSING
+        ]
+        if not candidates:
+            return MMCV_LOSS_SCALE  # Fp16OptimizerHook's default: a static 512
+        converted = []
+        for where, val in candidates:
+            notes: list[str] = []  # GradScaler's own arguments (mmgen's runner) keep their meaning
+            faithful = self.faithful and where != 'runner.fp16_loss_scaler'
+            new = convert_loss_scale(val, where, self.problems, notes, faithful)
+            converted.append((where, new, notes if where != 'runner.fp16_loss_scaler' else []))
+        chosen_where, chosen, chosen_notes = converted[0]
+        self.notes.extend(chosen_notes)
+        for where, val, _ in converted[1:]:
+            if val != chosen:
+                self.problem(
+                    f'{where}: {val!r} differs from {chosen_where} ({chosen!r}); '
+                    f'the {chosen_where} value was used; keep one loss scale'
+                )
+        return chosen
+
     def _convert_optimizer(
-        self, opt: Any, opt_layout: Optional[str]
+        self, opt: Any, opt_layout: Optional[str], key: str = 'optimizer'
     ) -> tuple[Optional[dict[str, Any]], Optional[str]]:
         fp16_key_on, fp16_scale = self._read_fp16()
         runner_on, runner_scale = self._read_runner()
         hook = self._read_hook(fp16_elsewhere=fp16_key_on or runner_on)
         amp = fp16_key_on or runner_on or hook['fp16']
+        self._fp16_not_read(amp)
 
         extras: dict[str, Any] = {}
         if amp:
-            candidates = [
-                (where, val)
-                for where, val in (
-                    ('fp16.loss_scale', fp16_scale),
-                    ('optimizer_config.loss_scale', hook.get('loss_scale', _MISSING)),
-                    ('runner.fp16_loss_scaler', runner_scale),
-                )
-                if val is not _MISSING
-            ]
-            converted = [(w, convert_loss_scale(v, w, self.problems)) for w, v in candidates]
-            if converted:
-                chosen_where, chosen = converted[0]
-                for where, val in converted[1:]:
-                    if val != chosen:
-                        self.problem(
-                            f'{where}: {val!r} differs from {chosen_where} ({chosen!r}); '
-                            f'the {chosen_where} value was used; keep one loss scale'
-                        )
-            else:
-                chosen = MMCV_LOSS_SCALE
-            extras['loss_scale'] = chosen
+            scale = fp16_scale if fp16_key_on else _MISSING
+            extras['loss_scale'] = self._loss_scale(scale, hook, runner_scale)
         if 'clip_grad' in hook:
             extras['clip_grad'] = hook['clip_grad']
         if 'accumulative_counts' in hook:
             extras['accumulative_counts'] = hook['accumulative_counts']
 
         if opt_layout is not None:
-            self.drop.add('optimizer')
+            self.drop.add(key)
+        if key == 'optimizers':
+            return self._mmedit_optimizers(opt, opt_layout, amp, extras)
         if opt_layout == 'single':
             return self._wrapper_entry(opt, 'optimizer', amp, extras), 'single'
         if opt_layout == 'multi':
@@ -398,3 +348,39 @@ class ConfigConverter:
         partial.update(extras)
         return partial, 'single'
 
+    def _mmedit_optimizers(
+        self, opt: Any, opt_layout: Optional[str], amp: bool, extras: dict[str, Any]
+    ) -> tuple[Optional[dict[str, Any]], Optional[str]]:
+        """MMEditing's ``optimizers`` as mmagic 1.x writes the same models' optim_wrapper.
+
+        One optimizer (``dict(type=...)``, or only ``generator`` for a model without a
+        discriminator) is one wrapper built by ``DefaultOptimWrapperConstructor``; several
+        are a ``MultiOptimWrapperConstructor`` config, each entry typed.
+        """
+        model = self.out.get('model')
+        kind = model.get('type') if isinstance(model, Mapping) else None
+        has_disc = isinstance(model, Mapping) and model.get('discriminator') is not None
+        if opt_layout == 'multi' and len(opt) == 1 and not has_disc and \
+                kind not in _MMEDIT_DICT_MODELS:
+            ((name, sub),) = opt.items()
+            entry = self._wrapper_entry(sub, f'optimizers.{name}', amp, extras, typed=True)
+            return {'constructor': 'DefaultOptimWrapperConstructor', **entry}, 'single'
+        if opt_layout == 'single':
+            entry = self._wrapper_entry(opt, 'optimizers', amp, extras, typed=True)
+            return {'constructor': 'DefaultOptimWrapperConstructor', **entry}, 'single'
+        if opt_layout == 'multi':
+            wrapper: dict[str, Any] = {'constructor': 'MultiOptimWrapperConstructor'}
+            renames = _MMAGIC_KEYS.get(kind, {}) if isinstance(kind, str) else {}
+            for name, sub in opt.items():
+                new = renames.get(name, name)
+                if new != name:
+                    self.notes.append(
+                        f'optimizers.{name}: written as optim_wrapper.{new}, the key mmagic '
+                        f"1.x's {kind} reads; see "
+                        'docs/migration/convert-config.md#mmedit-optimizers'
+                    )
+                wrapper[new] = self._wrapper_entry(
+                    sub, f'optimizers.{name}', amp, copy.deepcopy(extras), typed=True
+                )
+            return wrapper, 'multi'
+        return None, None

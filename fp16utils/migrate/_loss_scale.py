@@ -2,32 +2,73 @@
 
 mmcv spells a scale as a number, ``'dynamic'`` or a ``LossScaler`` dict (``mode``,
 ``init_scale``, ``scale_factor``, ``scale_window``); the 1.x wrappers take a number,
-``'dynamic'`` or a dict of ``torch.amp.GradScaler`` arguments.
+``'dynamic'`` or a dict of ``torch.amp.GradScaler`` arguments. Where the two read a value
+differently (``'dynamic'``: mmcv's LossScaler starts at 2**32 and grows every 1000 steps,
+GradScaler at 2**16 every 2000), a note says so and ``faithful`` writes mmcv's numbers.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Optional
 
 from .._args.numbers import as_whole
 from .._args.spec import (
     GRAD_SCALER_ARGS,
+    MMCV_DYNAMIC,
     MMCV_INIT_SCALE,
+    TORCH_DYNAMIC,
     is_number,
     parse_loss_scale,
     positive_finite,
 )
 
-__all__ = ['convert_loss_scale']
+__all__ = ['FAITHFUL_DYNAMIC', 'convert_loss_scale']
+
+#: mmcv LossScaler's ``'dynamic'`` in GradScaler's names (growth 2 and backoff 1/2 are
+#: the defaults of both, so only these two differ).
+FAITHFUL_DYNAMIC = {'init_scale': MMCV_DYNAMIC.init_scale,
+                    'growth_interval': MMCV_DYNAMIC.growth_interval}
+_SEE = 'see docs/migration/convert-config.md#dynamic-loss-scale'
+_MMCV_PATH = ("what mmcv 1.x's Fp16OptimizerHook ran on torch < 1.6 and the legacy backend "
+              "runs; on torch >= 1.6 mmcv's hook already used GradScaler's")
 
 
-def convert_loss_scale(value: Any, where: str, problems: list[str]) -> Any:
-    """The 1.x value of a 0.x ``loss_scale``; what is unsafe is kept and told in ``problems``."""
+def _dynamic(where: str, notes: Optional[list[str]], faithful: bool) -> Any:
+    """``'dynamic'``: kept (upstream's form) or mmcv's numbers, with the note saying which."""
+    mmcv = (f"mmcv LossScaler's numbers (init_scale 2**32, scale factor 2, scale_window "
+            f'{MMCV_DYNAMIC.growth_interval})')
+    torch = (f"GradScaler's defaults (init_scale 2**16, growth_interval "
+             f'{TORCH_DYNAMIC.growth_interval})')
+    if faithful:
+        if notes is not None:
+            notes.append(
+                f"{where}: 'dynamic' written as loss_scale=dict(init_scale=2.**32, "
+                f"growth_interval={MMCV_DYNAMIC.growth_interval}), {mmcv} (--faithful); "
+                f"MMEngine's 'dynamic' would mean {torch}; {_SEE}"
+            )
+        return dict(FAITHFUL_DYNAMIC)
+    if notes is not None:
+        notes.append(
+            f"{where}: 'dynamic' kept as optim_wrapper loss_scale='dynamic', as upstream's 1.x "
+            f'configs write it; AmpOptimWrapper reads it as {torch}, not {mmcv}, '
+            f"{_MMCV_PATH}; for mmcv's numbers write loss_scale=dict(init_scale=2.**32, "
+            f'growth_interval={MMCV_DYNAMIC.growth_interval}) or pass --faithful; {_SEE}'
+        )
+    return 'dynamic'
+
+
+def convert_loss_scale(value: Any, where: str, problems: list[str],
+                       notes: Optional[list[str]] = None, faithful: bool = False) -> Any:
+    """The 1.x value of a 0.x ``loss_scale``; what is unsafe is kept and told in ``problems``.
+
+    A value whose meaning changes is told in ``notes``; with ``faithful`` it is written
+    with mmcv's meaning instead.
+    """
     expected = "expected a positive number (static scale), 'dynamic', or a dict of scaler arguments"
     if isinstance(value, str):
         if value == 'dynamic':
-            return 'dynamic'
+            return _dynamic(where, notes, faithful)
         problems.append(f'{where}: {value!r} is not understood; {expected}; kept as is, fix it')
         return value
     if is_number(value):
@@ -108,6 +149,39 @@ def convert_loss_scale(value: Any, where: str, problems: list[str]) -> Any:
             parse_loss_scale(out, where)
         except ValueError as err:
             problems.append(f'{err} Kept as is, fix it'.rstrip('.'))
+        else:
+            if any(k in value for k in ('mode', 'scale_factor', 'scale_window')):
+                _mmcv_defaults(args, out, where, notes, faithful)  # a LossScaler dict
     # Keep the documented order: init_scale, growth_factor, backoff_factor, ...
     order = list(GRAD_SCALER_ARGS)
     return {k: out[k] for k in sorted(out, key=lambda k: order.index(k) if k in order else 99)}
+
+
+def _mmcv_defaults(args: dict[str, Any], out: dict[str, Any], where: str,
+                   notes: Optional[list[str]], faithful: bool) -> None:
+    """An mmcv dynamic dict missing init_scale/scale_window: its defaults differ from torch's."""
+    missing = {}
+    if 'init_scale' not in args:
+        missing['init_scale'] = ('2**32', '2**16', MMCV_DYNAMIC.init_scale)
+    if 'scale_window' not in args and 'growth_interval' not in args:
+        missing['growth_interval'] = (str(MMCV_DYNAMIC.growth_interval),
+                                      str(TORCH_DYNAMIC.growth_interval),
+                                      MMCV_DYNAMIC.growth_interval)
+    if not missing:
+        return
+    said = '; '.join(f'{k}: mmcv LossScaler {a}, GradScaler {b}' for k, (a, b, _) in
+                     missing.items())
+    if faithful:
+        for key, (_, _, val) in missing.items():
+            out[key] = val
+        if notes is not None:
+            notes.append(f"{where}: mmcv's defaults written out ({said}) (--faithful); {_SEE}")
+        return
+    if notes is not None:
+        wanted = ', '.join(f'{k}={"2.**32" if k == "init_scale" else v}' for k, (_, _, v) in
+                           missing.items())
+        notes.append(
+            f'{where}: the dict leaves out {", ".join(missing)}, whose default changes '
+            f'({said}); GradScaler\'s default was kept; add {wanted} for mmcv\'s, or pass '
+            f'--faithful; {_SEE}'
+        )

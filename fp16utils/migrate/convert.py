@@ -164,17 +164,19 @@ def migrate_config(cfg: Mapping[str, Any], *, plugin: bool = False,
     convert_runtime(new_cfg, report.problems, report.notes, test_fp16=converter.test_fp16,
                     codebase=found)
     if plugin:
-        _use_plugin(new_cfg)
+        _use_plugin(new_cfg, report.notes)
     return report
 
 
-def convert_config_report(cfg: Mapping[str, Any], plugin: bool = False
+def convert_config_report(cfg: Mapping[str, Any], plugin: bool = False, *,
+                          codebase: Optional[str] = None
                           ) -> tuple[dict[str, Any], list[str]]:
     """Convert a 0.x training config as :func:`convert_config` does; return the problems.
 
     Args:
         cfg: the 0.x config as a dict. Not modified.
         plugin: write the names of the MMEngine plug-in, as :func:`convert_config` does.
+        codebase: whose rules to follow for ``fp16`` (see :func:`migrate_config`).
 
     Returns:
         ``(new_cfg, problems)``: a new dict, and one line per key that could not be
@@ -189,20 +191,35 @@ def convert_config_report(cfg: Mapping[str, Any], plugin: bool = False
         >>> new['optim_wrapper']['type'], len(problems)
         ('OptimWrapper', 1)
     """
-    report = migrate_config(cfg, plugin=plugin)
+    report = migrate_config(cfg, plugin=plugin, codebase=codebase)
     return report.config, report.problems
 
 
-def _use_plugin(cfg: dict[str, Any]) -> None:
-    """Point a converted config's ``optim_wrapper`` at the MMEngine plug-in (in place)."""
+def _use_plugin(cfg: dict[str, Any], notes: Optional[list[str]] = None) -> None:
+    """Point a converted config's ``optim_wrapper`` at the MMEngine plug-in (in place).
+
+    The wrapper types become the plug-in's; the constructor too, unless a named one
+    (layer-wise decay, ...) is in force: that one is kept, and builds the plug-in's
+    wrapper from MMEngine's ``OPTIM_WRAPPERS`` registry by its ``type``.
+    """
     wrapper = cfg.get('optim_wrapper')
     if not isinstance(wrapper, dict):
         return
     layout = wrapper_layout(wrapper)
     for _, entry in wrapper_entries(wrapper, layout):
         entry['type'] = PLUGIN_NAMES.get(entry.get('type', 'OptimWrapper'), entry.get('type'))
-    wrapper['constructor'] = PLUGIN_NAMES[
-        'MultiOptimWrapperConstructor' if layout == 'multi' else 'DefaultOptimWrapperConstructor']
+    standard = 'MultiOptimWrapperConstructor' if layout == 'multi' else \
+        'DefaultOptimWrapperConstructor'
+    named = wrapper.get('constructor', standard)
+    if named in (standard, PLUGIN_NAMES[standard]):
+        wrapper['constructor'] = PLUGIN_NAMES[standard]
+    elif notes is not None:
+        notes.append(
+            f'optim_wrapper.constructor: {named!r} kept with --plugin (the plug-in\'s '
+            f'{PLUGIN_NAMES[standard]} does not apply its paramwise_cfg options); it builds '
+            f'the plug-in\'s {wrapper.get("type")!r} from MMEngine\'s OPTIM_WRAPPERS registry; '
+            'see docs/migration/convert-config.md#named-constructors'
+        )
     imports = cfg.setdefault('custom_imports', {})
     names = imports.setdefault('imports', [])
     if isinstance(names, str):
@@ -213,7 +230,8 @@ def _use_plugin(cfg: dict[str, Any]) -> None:
 
 
 def convert_config(cfg: Mapping[str, Any], strict: bool = False,
-                   plugin: bool = False) -> dict[str, Any]:
+                   plugin: bool = False, *, codebase: Optional[str] = None,
+                   faithful: bool = False) -> dict[str, Any]:
     """Convert a 0.x (mmcv 1.x era) training config to the 1.x ``optim_wrapper`` style.
 
     ``optimizer``, ``optimizer_config``, ``fp16`` and ``runner.fp16_loss_scaler`` become
@@ -227,6 +245,8 @@ def convert_config(cfg: Mapping[str, Any], strict: bool = False,
         strict: raise on a key that cannot be converted safely, instead of warning.
         plugin: write a config for MMEngine's Runner with this package's plug-in
             (``custom_imports``, the ``Fp16utils...`` wrapper and constructor names).
+        codebase: whose rules to follow for ``fp16`` (see :func:`migrate_config`).
+        faithful: write values with mmcv's meaning (see :func:`migrate_config`).
 
     Returns:
         A new config dict.
@@ -240,11 +260,11 @@ def convert_config(cfg: Mapping[str, Any], strict: bool = False,
 
     Example:
         >>> cfg = dict(optimizer=dict(type='Adam', lr=1e-3), fp16=dict(loss_scale=512.))
-        >>> convert_config(cfg)
+        >>> convert_config(cfg, codebase='mmdet')
         {'optim_wrapper': {'type': 'AmpOptimWrapper', 'optimizer': {'type': 'Adam', \
 'lr': 0.001}, 'loss_scale': 512.0}}
     """
-    report = migrate_config(cfg, plugin=plugin)
+    report = migrate_config(cfg, plugin=plugin, codebase=codebase, faithful=faithful)
     if report.problems:
         if strict:
             raise ConfigConversionError(report.problems)

@@ -9,7 +9,10 @@ from __future__ import annotations
 import os
 import sys
 
-__all__ = ['CommandError', 'UsageError', 'shown_path']
+__all__ = ['PROG', 'CommandError', 'UsageError', 'one_line', 'prose', 'shown_path']
+
+#: The command's name, as its messages start.
+PROG = 'fp16utils'
 
 
 class UsageError(Exception):
@@ -43,3 +46,13 @@ def _shows(text: str, encoding: str) -> bool:
         return text.encode(encoding) == os.fsencode(text)
     except (UnicodeError, LookupError):
         return False
+
+
+def prose(text: str) -> str:
+    """``text`` printable on any terminal (undecodable bytes as U+FFFD)."""
+    return text.encode('utf-8', 'surrogateescape').decode('utf-8', 'replace')
+
+
+def one_line(message: object) -> str:
+    """A message on one line (an exception's own newlines folded into spaces)."""
+    return prose(' '.join(str(message).split()))

@@ -1,7 +1,8 @@
 """The ``fp16utils`` command: its parser, :func:`main`, and the sub-commands' bodies.
 
-``env`` lives in :mod:`.env`, the help texts in :mod:`.help`; ``scan`` and ``migrate``
-never import torch.
+``env`` lives in :mod:`.env`, ``migrate`` in :mod:`.migrate_command`, ``doctor`` in
+:mod:`.doctor`, the help texts in :mod:`.help`; ``scan`` and ``migrate`` never import
+torch.
 """
 
 from __future__ import annotations
@@ -11,17 +12,17 @@ import json
 import os
 import re
 import sys
-import warnings
 from pathlib import Path
 from typing import NoReturn, Optional, Sequence, TextIO
 
-from ..migrate._atomic import atomic_write, resolve_target
+from ..migrate._atomic import resolve_target
 from ..migrate._codebase import CODEBASES
-from ..migrate.config_files import format_config, load_config
-from ..migrate.errors import CommandError, UsageError
+from ..migrate.errors import PROG, CommandError, UsageError, one_line, prose
 from ..migrate.errors import shown_path as _shown
+from .doctor import add_doctor_arguments
 from .env import best_device, check_backend_env, check_device, cmd_env
 from .help import HELP, MAIN_DESCRIPTION, MAIN_EPILOG, paragraph
+from .migrate_command import cmd_migrate
 
 # fp16utils.migrate imports the standard library only: the scan and migrate commands
 # never import torch (env, demo and bench import it inside their functions).
@@ -29,7 +30,6 @@ from .run import run_script
 
 __all__ = ['main']
 
-PROG = 'fp16utils'
 
 
 class _Parser(argparse.ArgumentParser):
@@ -42,82 +42,6 @@ class _Parser(argparse.ArgumentParser):
             names = [n for n in message[len(required):].split(', ') if n not in optional]
             message = required + ', '.join(names)
         raise UsageError(f'{message} (see {self.prog} --help)')
-
-
-def cmd_migrate(args: argparse.Namespace, out: TextIO) -> int:
-    """Convert a 0.x config file to the 1.x style."""
-    from ..migrate import ConfigConversionError, enable_amp, migrate_config
-
-    if args.dtype and not args.amp:
-        raise UsageError('--dtype only applies with --amp (it sets the AMP dtype)')
-    to_file = args.output not in (None, '-')
-    if to_file:
-        _check_output(args.config, args.output)
-    with warnings.catch_warnings(record=True) as read:
-        warnings.simplefilter('always')
-        cfg = load_config(args.config)
-    shown = _shown(args.config)
-    for notice in read:  # _deprecation_ notes: said, not problems of the conversion
-        sys.stderr.write(f'{shown}: note: {_one_line(notice.message)}\n')
-    try:
-        report = migrate_config(cfg, plugin=args.plugin, codebase=args.codebase,
-                                path=args.config, faithful=args.faithful)
-    except (ConfigConversionError, TypeError, ValueError, AttributeError) as err:
-        raise CommandError(f'{shown}: cannot be converted: {_one_line(err)}; nothing written'
-                           ) from None
-    converted, problems = report.config, report.problems
-    for note in report.notes:
-        sys.stderr.write(f'{shown}: note: {_one_line(note)}\n')
-    if args.amp:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter('always')
-            try:
-                converted = enable_amp(converted, dtype=args.dtype)
-            except (TypeError, ValueError, AttributeError) as err:
-                raise CommandError(f'{shown}: {_one_line(err)}') from None
-        problems += [str(w.message) for w in caught]
-    for problem in problems:
-        sys.stderr.write(f'{shown}: warning: {_one_line(problem)}\n')
-    if problems and args.strict:
-        raise CommandError(f'{shown}: {len(problems)} problem(s) found and --strict given')
-    try:
-        body = format_config(converted)
-    except ValueError as err:
-        raise CommandError(f'{shown}: the converted config cannot be written as a file '
-                           f'that loads back: {_one_line(err)}; nothing written') from None
-    name = Path(args.config).name.replace('\n', ' ').replace('\r', ' ')
-    text = f'# Converted from {_shown(name)} by `{PROG} migrate`.\n' + body
-    if to_file:
-        try:
-            atomic_write(args.output, text.encode('utf-8'))
-        except OSError as err:
-            raise CommandError(f'{_shown(args.output)}: could not be written: '
-                               f'{err.strerror or err}; nothing written') from None
-        out.write(f'wrote {_shown(args.output)}\n')
-    else:
-        out.write(text)
-    return 0
-
-
-def _check_output(config: str, output: str) -> None:
-    """Refuse an ``-o`` that is the input config itself (or a link to it)."""
-    try:
-        same = os.path.exists(config) and os.path.samefile(config, resolve_target(output))
-    except OSError:  # the write reports what is wrong with it
-        same = False
-    if same:
-        raise UsageError(f'{_shown(output)}: -o is the input config itself; write the 1.x '
-                         'config to a new file (or - for stdout) and keep the 0.x one')
-
-
-def _prose(text: str) -> str:
-    """``text`` printable on any terminal (undecodable bytes as U+FFFD)."""
-    return text.encode('utf-8', 'surrogateescape').decode('utf-8', 'replace')
-
-
-def _one_line(message: object) -> str:
-    """A message on one line (an exception's own newlines folded into spaces)."""
-    return _prose(' '.join(str(message).split()))
 
 
 def cmd_scan(args: argparse.Namespace, out: TextIO) -> int:
@@ -144,13 +68,13 @@ def cmd_scan(args: argparse.Namespace, out: TextIO) -> int:
         changed = [c for c in changes if c.changed]
         failed = [c for c in changes if c.error]
         for change in failed:
-            sys.stderr.write(f'{PROG}: error: {_shown(change.path)}: {_one_line(change.error)}\n')
+            sys.stderr.write(f'{PROG}: error: {_shown(change.path)}: {one_line(change.error)}\n')
         if args.json:
             json.dump([asdict(c) for c in changes if c.changed or c.error], out, indent=2)
             out.write('\n')
         elif args.dry_run:
             for change in changed:
-                out.write(_prose(change.diff))
+                out.write(prose(change.diff))
         else:
             for change in changed:
                 out.write(f'fixed imports in {_shown(change.path)}\n')
@@ -159,7 +83,7 @@ def cmd_scan(args: argparse.Namespace, out: TextIO) -> int:
             skipped = f', skipped {len(failed)} that could not be read or written' if failed else ''
             out.write(f'{verb} {len(changed)} file(s){skipped}\n')
         return 1 if failed else 0
-    findings = [replace(f, message=_one_line(f.message)) for f in scan(path)]
+    findings = [replace(f, message=one_line(f.message)) for f in scan(path)]
     if args.json:
         json.dump([asdict(f) for f in findings], out, indent=2)
         out.write('\n')
@@ -187,7 +111,7 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
         raise CommandError(f'run: {err}') from None
     except Exception as err:  # noqa: BLE001 - mmcv's own import failed: one line, not a traceback
         raise CommandError(
-            f'run: importing mmcv.runner failed with {type(err).__name__}: {_one_line(err)}; '
+            f'run: importing mmcv.runner failed with {type(err).__name__}: {one_line(err)}; '
             'the mmcv installation is broken (python -c "import mmcv.runner" shows the '
             'traceback); nothing was run') from None
     return run_script(args.script, args.args)
@@ -197,7 +121,7 @@ def cmd_bench(args: argparse.Namespace, out: TextIO) -> int:
     """Run one of the benchmarks of a source checkout."""
     root = Path(__file__).resolve().parents[2] / 'benchmarks'
     if not re.fullmatch(r'[A-Za-z0-9_]+', args.name):  # no path: only a benchmark's name
-        raise UsageError(f'{_one_line(args.name)!r}: not a benchmark name; give the name of '
+        raise UsageError(f'{one_line(args.name)!r}: not a benchmark name; give the name of '
                          'one in benchmarks/ (e.g. decorators)')
     script = root / f'{args.name}.py'
     if args.name.startswith('_') or not script.is_file():  # _name.py: a shared helper
@@ -282,11 +206,12 @@ def build_parser() -> argparse.ArgumentParser:
                               'of the device, picked when the wrapper is built); ignored, '
                               'with a warning, for a wrapper that already uses fp16')
     migrate.add_argument('--plugin', action='store_true',
-                         help="write a config for MMEngine's Runner with fp16utils' plug-in")
-    migrate.add_argument('--codebase', choices=CODEBASES, default=None,
+                         help="write a config for MMEngine's Runner with fp16utils' plug-in "
+                              '(a named constructor, e.g. layer-wise decay, is kept)')
+    migrate.add_argument('--codebase', choices=CODEBASES, default=None, metavar='NAME',
                          help="the codebase the config belongs to, whose rules for the fp16 "
-                         "key are followed (default: told from the config's path and "
-                         'contents)')
+                         f"key are followed: {', '.join(CODEBASES)} (default: told from "
+                         "the config's path and contents)")
     migrate.add_argument('--faithful', action='store_true',
                          help="write values with mmcv's meaning where MMEngine reads the "
                          "same value otherwise ('dynamic' loss scale as mmcv's numbers)")
@@ -312,6 +237,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument('args', metavar='ARGS', nargs=argparse.REMAINDER,
                      help="the script's own arguments, optional")
     run.set_defaults(func=cmd_run)
+
+    add_doctor_arguments(command('doctor'))
 
     bench = command('bench')
     bench.add_argument('name', metavar='NAME', help='the benchmark: decorators or train_step')
@@ -378,10 +305,10 @@ def main(argv: Optional[Sequence[str]] = None, out: Optional[TextIO] = None) -> 
             return 2
         return args.func(args, out)
     except UsageError as err:
-        sys.stderr.write(f'{PROG}: error: {_one_line(err)}\n')
+        sys.stderr.write(f'{PROG}: error: {one_line(err)}\n')
         return 2
     except CommandError as err:
-        sys.stderr.write(f'{PROG}: error: {_one_line(err)}\n')
+        sys.stderr.write(f'{PROG}: error: {one_line(err)}\n')
         return 1
     except KeyboardInterrupt:
         sys.stderr.write(f'{PROG}: interrupted\n')
@@ -390,7 +317,7 @@ def main(argv: Optional[Sequence[str]] = None, out: Optional[TextIO] = None) -> 
         _silence_stdout()
         return 1
     except (OSError, RecursionError, MemoryError) as err:
-        sys.stderr.write(f'{PROG}: error: {type(err).__name__}: {_one_line(err)}\n')
+        sys.stderr.write(f'{PROG}: error: {type(err).__name__}: {one_line(err)}\n')
         return 1
 
 

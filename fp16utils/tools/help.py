@@ -42,6 +42,7 @@ commands in the order a migration uses them:
   scan     find the 0.x fp16 code in a codebase (reads only; --fix rewrites imports)
   run      train a 0.x codebase through mmcv's own runner with fp16utils in place
   migrate  convert a 0.x config to the 1.x optim_wrapper style
+  doctor   find the modules that must stay in float32, and check the fix
   bench    run a benchmark of a source checkout
 
 Run "fp16utils COMMAND --help" for a command's options, examples and exit codes.'''
@@ -131,6 +132,28 @@ HELP = {
                + _exit_codes("the script's own exit code",
                              '1  mmcv cannot be imported or patched; SCRIPT was not run',
                              USAGE_ERROR + ' (e.g. SCRIPT does not exist)', INTERRUPTED)),
+    'doctor': CommandHelp(
+        summary='find the modules that fail, overflow or drift in float16/bfloat16',
+        description=(
+            'Build the model (MODULE:FACTORY with a random input of --input-shape, or an '
+            'OpenMMLab 0.x config through mmdet\'s or mmseg\'s registry with a synthetic '
+            'training batch of the config\'s size), run it in float32, then in the chosen '
+            'dtype and backend module by module, and print one table: each module that '
+            'raises a dtype error, outputs inf/nan or drifts past the tolerance from '
+            'float32. Each is kept in float32 and the model run again until it runs '
+            'clean; the fp32_modules that did it are printed as a 1.x config line and a '
+            '0.x script line, with the verdict of a last run, forward and backward. A '
+            'config file or module is EXECUTED: never run one you do not trust.'),
+        epilog='examples:\n'
+               '  fp16utils doctor my_models:build --input-shape 2,3,32,32\n'
+               '  fp16utils doctor my_models.py:build --input-shape 4,16 --dtype bfloat16\n'
+               '  fp16utils doctor configs/retinanet/retinanet_r50_fpn_1x_coco.py --json\n\n'
+               + _exit_codes('0  the model runs clean in the dtype, nothing kept in float32',
+                             '1  problems were found (the table says which, and whether the '
+                             'fix was verified), the model fails in float32, or it cannot '
+                             'be built',
+                             USAGE_ERROR + ' (e.g. no --input-shape with MODULE:FACTORY)',
+                             INTERRUPTED)),
     'bench': CommandHelp(
         summary='run a benchmark of a source checkout',
         description=(

@@ -34,7 +34,8 @@ def config(tmp_path):
     """A 0.x fp16 config in a folder of its own."""
     (tmp_path / 'configs').mkdir()
     path = tmp_path / 'configs' / 'fp16_cfg.py'
-    path.write_text("optimizer = dict(type='SGD', lr=0.02)\nfp16 = dict(loss_scale=512.)\n")
+    path.write_text("model = dict(type='RetinaNet')\noptimizer = dict(type='SGD', lr=0.02)\n"
+                    "fp16 = dict(loss_scale=512.)\n")
     return path
 
 

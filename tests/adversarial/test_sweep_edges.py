@@ -82,7 +82,8 @@ def test_scan_fix_skips_a_too_deep_file_in_one_line_and_fixes_the_others(tmp_pat
 
 def test_migrate_of_a_config_with_20000_keys_loads_back_the_same(tmp_path):
     big = {f'k{i}': i for i in range(20000)}
-    (tmp_path / 'c.py').write_text("optimizer = dict(type='SGD', lr=0.01)\n"
+    (tmp_path / 'c.py').write_text("model = dict(type='RetinaNet')\n"
+                                   "optimizer = dict(type='SGD', lr=0.01)\n"
                                    'fp16 = dict(loss_scale=512.)\n'
                                    f'big = {big!r}\n')
     proc = call('migrate', str(tmp_path / 'c.py'), '-o', str(tmp_path / 'out.py'))

@@ -21,7 +21,8 @@ from adversarial._attack import call, one_line_error, tree
 
 FIXABLE = b'from mmcv.runner import auto_fp16\n'
 FIXED = b'from fp16utils import auto_fp16\n'
-CONFIG = b"optimizer = dict(type='SGD', lr=0.01)\nfp16 = dict(loss_scale=512.)\n"
+CONFIG = (b"model = dict(type='RetinaNet')\noptimizer = dict(type='SGD', lr=0.01)\n"
+          b"fp16 = dict(loss_scale=512.)\n")
 
 #: Relative names (bytes), a folder part included where there is a slash.
 NAMES = [
@@ -191,7 +192,8 @@ def test_migrate_of_a_missing_odd_path_is_a_usage_error_naming_it(tmp_path, name
 
 
 def test_migrate_warnings_name_an_odd_config_path_the_same_way(tmp_path):
-    full = place(str(tmp_path), b'w\xfe\t.py', b'fp16 = dict(loss_scale=512.)\n')
+    full = place(str(tmp_path), b'w\xfe\t.py',
+                 b"model = dict(type='RetinaNet')\nfp16 = dict(loss_scale=512.)\n")
     proc = call('migrate', os.fsdecode(full), '--strict')
     assert proc.returncode == 1 and proc.stdout == ''
     warning, error = proc.stderr.splitlines()

@@ -164,9 +164,18 @@ _LEAVES = st.one_of(
 )
 
 
+def _hashable(value) -> bool:
+    """Whether ``value`` hashes (a tuple holding a numpy array does not)."""
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
+
+
 def _containers(children):
     keys = st.text('abcdef', min_size=1, max_size=3)
-    hashable = st.lists(children.filter(lambda v: v.__hash__ is not None), max_size=3)
+    hashable = st.lists(children.filter(_hashable), max_size=3)
     return st.one_of(
         st.lists(children, max_size=4),
         st.lists(children, max_size=4).map(tuple),

@@ -14,8 +14,8 @@ from typing import Any, Dict, Iterable, Iterator, List, Tuple, Union
 import torch
 from torch import nn
 
-from ._torch import compat
-from .records import ROOT_NAME, NonFiniteRecord, OverflowReport
+from .._torch import compat
+from ..records import ROOT_NAME, NonFiniteRecord, OverflowReport
 
 __all__ = ['NonFiniteRecord', 'OverflowReport', 'find_overflow', 'nonfinite_summary']
 
