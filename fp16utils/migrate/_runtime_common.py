@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Optional
 
+from .errors import short_repr
+
 __all__ = ['DOC', 'RuntimeState', 'short']
 
 #: The page every runtime problem line points at.
@@ -19,9 +21,8 @@ NEW_KEY_ORDER = (
 
 
 def short(value: Any, limit: int = 90) -> str:
-    """``repr(value)``, cut to ``limit`` characters with ``...``."""
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit - 3] + '...'
+    """``value`` on one line for a problem line, cut to ``limit`` characters."""
+    return short_repr(value, limit)
 
 
 class RuntimeState:

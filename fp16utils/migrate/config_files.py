@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .convert import MigrationWarning
-from .errors import CommandError, UsageError, shown_path
+from .errors import CommandError, UsageError, short_repr, shown_path
 
 __all__ = ['format_config', 'load_config']
 
@@ -86,7 +86,7 @@ def _load_config(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
         bases = [bases]
     if not isinstance(bases, (list, tuple)) or not all(isinstance(b, str) for b in bases):
         raise CommandError(f'{shown_path(path)}: _base_ must be a file name or a list of '
-                           f'file names (str), got {_short(bases)}')
+                           f'file names (str), got {short_repr(bases)}')
     merged: dict[str, Any] = {}
     for base in bases:
         merged = _merge(merged, _load_config(path.parent / base, (*chain, path)))
@@ -177,7 +177,7 @@ def _load_yaml(text: str, shown: str) -> Any:
         raise CommandError(f'{shown}: reading a YAML config needs PyYAML '
                            '(pip install pyyaml), as mmcv does') from None
     except Exception as err:  # noqa: BLE001 - yaml's errors have no common public base
-        raise CommandError(f'{shown}: not valid YAML: {_short(err)}') from None
+        raise CommandError(f'{shown}: not valid YAML: {short_repr(err)}') from None
 
 
 def _substitute(value: Any, references: dict[str, str], bases: dict[str, Any],
@@ -220,18 +220,8 @@ def _run_config(path: Path, source: Any) -> dict[str, Any]:
         raise
     except BaseException as err:  # the file is the user's code: report, do not crash
         raise CommandError(f'{shown}: could not be executed: {type(err).__name__}: '
-                           f'{_short(err)}') from None
+                           f'{short_repr(err)}') from None
     return namespace
-
-
-def _short(value: Any) -> str:
-    """A one-line, bounded rendering of a value for an error message."""
-    try:
-        text = str(value) if isinstance(value, BaseException) else repr(value)
-    except Exception:  # noqa: BLE001 - a broken __repr__ in the user's config
-        text = f'<{type(value).__name__}>'
-    text = ' '.join(text.split())
-    return text if len(text) <= 120 else text[:117] + '...'
 
 
 _FUNCTION_TYPES = (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, type)
@@ -281,7 +271,7 @@ def format_config(cfg: dict[str, Any]) -> str:
     """
     for key in cfg:
         if not _key_is_name(key):
-            raise ValueError(f'{_short(key)}: a top-level config key must be a Python name '
+            raise ValueError(f'{short_repr(key)}: a top-level config key must be a Python name '
                              '(an identifier that is not a keyword); rename it')
         if key == '__builtins__':
             raise ValueError(f'{key}: not a config key; rename it')
@@ -311,14 +301,14 @@ def _check_literal(value: Any, where: str) -> None:
         return
     if isinstance(value, dict):
         for k, v in value.items():
-            _check_literal(k, f'{where}[{_short(k)}]')
+            _check_literal(k, f'{where}[{short_repr(k)}]')
             _check_literal(v, f'{where}.{k}' if isinstance(k, str) else f'{where}[{k!r}]')
         return
     if isinstance(value, (list, tuple, set, frozenset)):
         for i, v in enumerate(value):
             _check_literal(v, f'{where}[{i}]')
         return
-    raise ValueError(f'{where}: {_short(value)} ({type(value).__name__}) cannot be written as '
+    raise ValueError(f'{where}: {short_repr(value)} ({type(value).__name__}) cannot be written as '
                      'a literal in a config file; write it as a string or a plain value')
 
 
@@ -329,7 +319,7 @@ def _check_loads_back(text: str, cfg: dict[str, Any]) -> None:
         exec(compile(text, '<config>', 'exec'), namespace)  # noqa: S102 - our own text
     except (SyntaxError, RecursionError, MemoryError, ValueError) as err:
         raise ValueError(f'the written config would not load back ({type(err).__name__}: '
-                         f'{_short(err)}); nothing was written') from None
+                         f'{short_repr(err)}); nothing was written') from None
     del namespace['__builtins__']
     if namespace.keys() != cfg.keys() or not all(_same(namespace[k], cfg[k]) for k in cfg):
         differ = [k for k in cfg if k not in namespace or not _same(namespace[k], cfg[k])]

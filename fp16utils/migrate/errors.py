@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
-__all__ = ['PROG', 'CommandError', 'UsageError', 'one_line', 'prose', 'shown_path']
+__all__ = ['PROG', 'CommandError', 'UsageError', 'one_line', 'prose', 'short_repr', 'shown_path']
 
 #: The command's name, as its messages start.
 PROG = 'fp16utils'
@@ -56,3 +57,13 @@ def prose(text: str) -> str:
 def one_line(message: object) -> str:
     """A message on one line (an exception's own newlines folded into spaces)."""
     return prose(' '.join(str(message).split()))
+
+
+def short_repr(value: Any, limit: int = 120) -> str:
+    """A one-line rendering of a value for a message, cut to ``limit`` characters."""
+    try:
+        text = str(value) if isinstance(value, BaseException) else repr(value)
+    except Exception:  # noqa: BLE001 - a broken __repr__ in the user's config
+        text = f'<{type(value).__name__}>'
+    text = ' '.join(text.split())
+    return text if len(text) <= limit else text[:limit - 3] + '...'
