@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
     )
     from .decorators import auto_fp16, force_fp32
     from .engine import StepResult
+    from .evaluation import EvalPrecision, configured_precision, eval_precision
     from .fp32_modules import keep_fp32, kept_fp32
     from .fp32_ops import fp32_function
     from .hooks import Fp16OptimizerHook, GradientCumulativeFp16OptimizerHook
@@ -51,6 +52,7 @@ __version__ = '0.1.0'
 __all__ = [
     'AmpOptimWrapper',
     'ConfigConversionError',
+    'EvalPrecision',
     'FileChange',
     'Finding',
     'Fp16OptimizerHook',
@@ -71,11 +73,13 @@ __all__ = [
     'auto_fp16',
     'build_optim_wrapper',
     'cast_tensor_type',
+    'configured_precision',
     'convert_config',
     'convert_config_report',
     'diagnose_precision',
     'digit_version',
     'enable_amp',
+    'eval_precision',
     'find_overflow',
     'fix_imports',
     'force_fp32',
@@ -108,6 +112,9 @@ _EXPORTS = {
     'PrecisionProblem': 'debug',
     'PrecisionReport': 'debug',
     'diagnose_precision': 'debug',
+    'EvalPrecision': 'evaluation',
+    'configured_precision': 'evaluation',
+    'eval_precision': 'evaluation',
     'auto_fp16': 'decorators',
     'force_fp32': 'decorators',
     'StepResult': 'engine',

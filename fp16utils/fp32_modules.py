@@ -12,7 +12,8 @@ from ._torch import dtypes
 from .cast import _cast
 from .decorators import fp32_plan, run_fp32, undecorated
 
-__all__ = ['Fp32Modules', 'check_fp32_modules', 'keep_fp32', 'kept_fp32', 'match_modules']
+__all__ = ['Fp32Modules', 'check_fp32_modules', 'keep_fp32', 'keep_named', 'kept_fp32',
+           'match_modules']
 
 #: What ``modules`` may hold: qualified-name patterns, module classes, class names.
 Fp32Modules = Union[str, type, Sequence[Union[str, type]], None]
@@ -155,7 +156,11 @@ def keep_fp32(model: nn.Module, modules: Fp32Modules,
         torch.float32
     """
     low = None if out_dtype is None else dtypes.resolve_dtype(out_dtype)
-    names = match_modules(model, modules)
+    return keep_named(model, match_modules(model, modules), low)
+
+
+def keep_named(model: nn.Module, names: List[str], low: Optional[torch.dtype]) -> nn.Module:
+    """:func:`keep_fp32` on qualified names already matched (``''``: ``model`` itself)."""
     for name in names:
         module = model.get_submodule(name) if name else model
         if low is not None:

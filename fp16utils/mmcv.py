@@ -20,6 +20,7 @@ from torch import nn
 from ._torch import dtypes, versions
 from .cast import cast_tensor_type
 from .decorators import auto_fp16, force_fp32
+from .evaluation.fuse import keeping_weight_dtypes
 from .hooks import optimizer as _hooks
 from .scaler import LossScaler
 from .wrap import patch_forward_method, patch_norm_fp32
@@ -35,7 +36,11 @@ _TARGETS: Dict[str, Tuple[str, ...]] = {
     'mmcv.runner': ('auto_fp16', 'force_fp32', 'wrap_fp16_model', 'LossScaler', *_HOOK_NAMES),
     'mmcv.runner.hooks': _HOOK_NAMES,
     'mmcv.runner.hooks.optimizer': ('LossScaler', 'wrap_fp16_model', *_HOOK_NAMES),
+    'mmcv.cnn': ('fuse_conv_bn',),
+    'mmcv.cnn.utils': ('fuse_conv_bn',),
 }
+#: Names replaced by a wrapper of mmcv's own function (made once per original).
+_WRAPPERS: Dict[str, Callable[[Any], Any]] = {'fuse_conv_bn': keeping_weight_dtypes}
 #: Shown for how many modules the already-imported warning names, at most.
 _WARN_MODULES = 12
 
@@ -206,16 +211,26 @@ def patch_mmcv(dtype: Union[torch.dtype, str, None] = None,
 def _install(runner: types.ModuleType) -> Dict[int, str]:
     """Replace the names; return id(original) -> its name, for the warning."""
     originals: Dict[int, str] = {}
+    made: Dict[int, Any] = {}
+    try:  # tools/test.py binds fuse_conv_bn when it is imported, after the patch
+        importlib.import_module('mmcv.cnn')
+    except Exception:  # noqa: BLE001 - mmcv.cnn does not import: nothing to wrap there
+        pass
     for module_name, names in _TARGETS.items():
         module = sys.modules.get(module_name)
         if module is None:
             continue
         for name in names:
             original = getattr(module, name, None)
-            if original is None or original is _REPLACEMENTS[name]:
+            if original is None or original is _REPLACEMENTS.get(name) or (
+                    name in _WRAPPERS and hasattr(original, '__wrapped__')):
                 continue
-            originals[id(original)] = name
-            _set(module, name, _REPLACEMENTS[name])
+            if name in _WRAPPERS:
+                replacement = made.setdefault(id(original), _WRAPPERS[name](original))
+            else:
+                replacement = _REPLACEMENTS[name]
+                originals[id(original)] = name
+            _set(module, name, replacement)
             _patch.replaced.append(f'{module_name}.{name}')
     registry = getattr(runner, 'HOOKS', None)
     if registry is not None:

@@ -9,6 +9,10 @@ in ``OPTIM_WRAPPER_CONSTRUCTORS``. MMEngine's own names are left alone. Warnings
 to the run's log; after each update the wrappers report ``train/grad_norm`` (when
 clipping by norm) and ``train/loss_scale`` to the ``MessageHub``, as MMEngine's do.
 
+``skip_aware_hooks=True`` on a wrapper (on every entry of a dict) makes the Runner's
+``ParamSchedulerHook`` and ``EMAHook`` not advance on a skipped step (see
+:mod:`fp16utils.hooks.runner_bridge`; docs/how-to/schedulers-ema.md).
+
 Example:
     >>> import fp16utils.mmengine  # doctest: +SKIP
     >>> cfg = dict(  # doctest: +SKIP
@@ -25,7 +29,9 @@ try:
     from mmengine.logging import MessageHub, MMLogger
     from mmengine.optim import OptimWrapper as _MMOptimWrapper
     from mmengine.optim import OptimWrapperDict as _MMOptimWrapperDict
-    from mmengine.registry import OPTIM_WRAPPER_CONSTRUCTORS, OPTIM_WRAPPERS, OPTIMIZERS
+    from mmengine.registry import LOOPS, OPTIM_WRAPPER_CONSTRUCTORS, OPTIM_WRAPPERS, OPTIMIZERS
+    from mmengine.runner import TestLoop as _MMTestLoop
+    from mmengine.runner import ValLoop as _MMValLoop
 except ImportError as _err:
     raise ModuleNotFoundError(
         f'fp16utils.mmengine is the plug-in for MMEngine and needs mmengine, which is not '
@@ -34,14 +40,19 @@ except ImportError as _err:
     ) from _err
 from torch import nn
 
+from ._args.skip_hooks import MMENGINE_FOLLOWED, OPTION
 from ._args.spec import PLUGIN_NAMES
 from ._torch import models
+from .evaluation.mmengine_loops import HalfPrecisionLoop
+from .hooks import runner_bridge
+from .hooks.follow import SkipLedger
 from .optim import AmpOptimWrapper, OptimWrapper, OptimWrapperDict
 from .optim.constructor import check_paramwise_cfg, paramwise_groups
 
 __all__ = ['Fp16utilsAmpOptimWrapper', 'Fp16utilsMultiOptimWrapperConstructor',
            'Fp16utilsOptimWrapper', 'Fp16utilsOptimWrapperConstructor',
-           'Fp16utilsOptimWrapperDict']
+           'Fp16utilsOptimWrapperDict', 'Fp16utilsTestLoop', 'Fp16utilsValLoop']
+
 
 
 class _CurrentMMLogger:
@@ -52,11 +63,29 @@ class _CurrentMMLogger:
 
 
 class _MMEngineSide:
-    """What MMEngine's code reads on a wrapper beyond the shared API, and the logging."""
+    """What MMEngine's code reads on a wrapper beyond the shared API, the logging, and
+    ``skip_aware_hooks`` (False: MMEngine's behaviour; True or a list of hook classes:
+    the Runner's schedule and EMA hooks do not advance on a skipped step)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, skip_aware_hooks: Any = False, **kwargs: Any) -> None:
+        SkipLedger.parse(skip_aware_hooks, type(self).__name__, MMENGINE_FOLLOWED)  # checked
         super().__init__(*args, **kwargs)
         self.logger = _CurrentMMLogger()
+        #: The ``skip_aware_hooks`` setting, as given (read when a Runner's run starts).
+        self.skip_aware_hooks = skip_aware_hooks
+        if skip_aware_hooks not in (False, None):
+            from mmengine.runner import Runner  # the Runner's call_hook connects the run
+
+            runner_bridge.install(Runner)  # once per process; inert for the other runners
+
+    def update_params(self, *args: Any, **kwargs: Any) -> Any:
+        if self.skip_aware_hooks not in (False, None) and not runner_bridge.connected(self):
+            raise RuntimeError(
+                f'{type(self).__name__}({OPTION}={self.skip_aware_hooks!r}): no MMEngine Runner '
+                "follows this wrapper's steps; a Runner (mmengine.runner.Runner) connects it "
+                'when its run starts (before_run). In a training loop of your own, use '
+                'fp16utils.skip_aware(scheduler, wrapper) instead, or drop the option.')
+        return super().update_params(*args, **kwargs)  # type: ignore[misc]
 
     @property
     def message_hub(self) -> MessageHub:
@@ -280,3 +309,47 @@ for _cls, _key in ((Fp16utilsOptimWrapper, 'OptimWrapper'),
 for _cls, _key in ((Fp16utilsOptimWrapperConstructor, 'DefaultOptimWrapperConstructor'),
                    (Fp16utilsMultiOptimWrapperConstructor, 'MultiOptimWrapperConstructor')):
     OPTIM_WRAPPER_CONSTRUCTORS.register_module(name=PLUGIN_NAMES[_key], module=_cls, force=True)
+
+
+class Fp16utilsValLoop(HalfPrecisionLoop, _MMValLoop):
+    """MMEngine's ``ValLoop`` whose ``fp16=True`` runs the configured dtype, on any device.
+
+    Args:
+        runner: The Runner.
+        dataloader: A dataloader or its config.
+        evaluator: An evaluator or its config.
+        fp16: Evaluate in half precision (False: float32, as MMEngine's loop).
+        dtype: float16, bfloat16, ``'auto'`` or float32; None: the optimizer
+            wrapper's (``runner.optim_wrapper``, built or its config), else float16
+            where autocast runs it on the model's device, else bfloat16.
+        fp32_modules: Modules run in float32 during the loop, besides the wrapper's
+            (``keep_fp32``'s forms); put back when the loop ends.
+
+    Raises:
+        ValueError: ``dtype`` or ``fp32_modules`` without ``fp16=True``; an unknown
+            dtype; wrappers of different dtypes (when ``dtype`` is None); when the
+            loop runs, what :func:`~fp16utils.evaluation.eval_precision` refuses.
+
+    Example:
+        >>> val_cfg = dict(type='Fp16utilsValLoop', fp16=True)  # the wrapper's dtype
+        >>> test_cfg = dict(type='Fp16utilsTestLoop', fp16=True, dtype='bfloat16',
+        ...                 fp32_modules=['roi_head.*'])
+    """
+
+    _step_name = 'val_step'
+
+
+class Fp16utilsTestLoop(HalfPrecisionLoop, _MMTestLoop):
+    """MMEngine's ``TestLoop`` whose ``fp16=True`` runs the configured dtype, on any device.
+
+    The arguments, errors and precision are those of ``Fp16utilsValLoop``.
+
+    Example:
+        >>> test_cfg = dict(type='Fp16utilsTestLoop', fp16=True)
+    """
+
+    _step_name = 'test_step'
+
+
+for _cls in (Fp16utilsValLoop, Fp16utilsTestLoop):
+    LOOPS.register_module(name=_cls.__name__, module=_cls, force=True)

@@ -7,9 +7,10 @@ from typing import Any, Callable, Iterable, Mapping, Optional
 
 import torch
 
+from ._args import policy as _policy
 from ._args.numbers import as_whole, check_window
+from ._args.policy import POLICY_KEYS, ScalePolicy
 from ._args.spec import (
-    MIN_LOSS_SCALE,
     MMCV_INIT_SCALE,
     MMCV_STATE_KEYS,
     check_scale,
@@ -153,7 +154,9 @@ class LossScaler:
     below 1, never raising a scale already below 1), and every ``scale_window``
     clean iterations since the last overflow multiply it, up to 2**127. In
     ``'static'`` mode the scale never changes; an overflow is still found, so a
-    non-finite gradient is never applied.
+    non-finite gradient is never applied. The keyword-only policy arguments (none
+    of them mmcv's; their defaults are mmcv's behaviour) change the dynamic scale
+    as DeepSpeed's and Megatron-LM's scalers do.
 
     Args:
         init_scale: Initial scale, a number in (0, 2**127]; mmcv's default, 2**32.
@@ -162,10 +165,22 @@ class LossScaler:
             1 keeps the scale while overflows are still skipped, as mmcv's does).
         scale_window: Clean iterations between growths, a whole number >= 1
             (``2.0`` is taken as ``2``, as mmcv takes it).
+        min_scale: The floor (default 1); an overflow never backs off below it.
+        max_scale: The ceiling (default 2**127); growth stops there.
+        hysteresis: Overflows tolerated before the scale backs off (default 1:
+            every overflow backs off). A tolerated overflow still skips its step
+            and restarts the growth window.
+        consecutive_hysteresis: Restore the tolerance after every clean step, so
+            that only overflows in a row count (default False: restored when the
+            scale grows).
+        at_min_scale: What an overflow that should back off does at the floor:
+            ``'continue'`` (default), ``'warn'`` (log a warning) or ``'raise'``
+            (FloatingPointError, the scaler unchanged).
 
     Raises:
-        ValueError: An unknown mode, or a scale, factor or window out of range (a
-            window with a fraction too: mmcv would stretch ``2.5`` to every 5).
+        ValueError: An unknown mode, or a scale, factor, window or policy value out
+            of range (a window with a fraction too: mmcv would stretch ``2.5`` to
+            every 5), or policy arguments with ``mode='static'``.
 
     Example:
         >>> import torch
@@ -179,7 +194,11 @@ class LossScaler:
     """
 
     def __init__(self, init_scale: float = MMCV_INIT_SCALE, mode: str = 'dynamic',
-                 scale_factor: float = 2., scale_window: int = 1000) -> None:
+                 scale_factor: float = 2., scale_window: int = 1000, *,
+                 min_scale: Optional[float] = None, max_scale: Optional[float] = None,
+                 hysteresis: Optional[int] = None,
+                 consecutive_hysteresis: Optional[bool] = None,
+                 at_min_scale: Optional[str] = None) -> None:
         if mode not in ('dynamic', 'static'):
             raise ValueError(
                 f"LossScaler mode must be 'dynamic' or 'static', got {mode!r}.")
@@ -196,6 +215,21 @@ class LossScaler:
         self.last_overflow_iter = -1
         self.scale_factor = float(scale_factor)
         self.scale_window = window
+        given = {key: value for key, value in zip(
+            POLICY_KEYS, (min_scale, max_scale, hysteresis, consecutive_hysteresis,
+                          at_min_scale)) if value is not None}
+        self._set_policy(_policy.make_policy(
+            given, 'LossScaler', static=mode == 'static', init_scale=float(init_scale)))
+
+    def _set_policy(self, policy: ScalePolicy, left: Optional[int] = None) -> None:
+        for key, value in policy._asdict().items():
+            setattr(self, key, value)
+        self.cur_hysteresis = policy.hysteresis if left is None else left
+
+    @property
+    def policy(self) -> ScalePolicy:
+        """The scale policy (hysteresis, floor, ceiling, the action at the floor)."""
+        return ScalePolicy(**{key: getattr(self, key) for key in POLICY_KEYS})
 
     @property
     def loss_scale(self) -> float:
@@ -242,20 +276,35 @@ class LossScaler:
         """
         if self.mode != 'dynamic':
             return
+        policy = self.policy
         if overflow:
-            self.cur_scale = shrink_scale(self.cur_scale, self.cur_scale / self.scale_factor,
-                                          MIN_LOSS_SCALE)
+            backs_off, left = _policy.on_overflow(self.cur_hysteresis)
+            if backs_off:
+                floor = _policy.floor_of(policy)
+                if self.cur_scale <= floor:  # may raise: then nothing has changed
+                    _policy.at_floor(policy, self.cur_scale,
+                                     f'LossScaler (iteration {self.cur_iter})')
+                self.cur_scale = shrink_scale(self.cur_scale,
+                                              self.cur_scale / self.scale_factor, floor)
+            self.cur_hysteresis = left
             self.last_overflow_iter = self.cur_iter
-        elif (self.cur_iter - self.last_overflow_iter) % self.scale_window == 0:
-            self.cur_scale = grow_scale(self.cur_scale, self.scale_factor)
+        else:
+            grows = (self.cur_iter - self.last_overflow_iter) % self.scale_window == 0
+            if grows:
+                self.cur_scale = _policy.bounded_growth(
+                    self.cur_scale, grow_scale(self.cur_scale, self.scale_factor), policy)
+            self.cur_hysteresis = _policy.on_clean(policy, self.cur_hysteresis, grows)
         self.cur_iter += 1
 
     #: :meth:`update_scale` as defined here: completes a step whose update raised.
     _advance = update_scale
 
     def state_dict(self) -> dict[str, Any]:
-        """The scaler state, with exactly mmcv's keys."""
-        return {key: getattr(self, key) for key in MMCV_STATE_KEYS}
+        """The scaler state, with exactly mmcv's keys (and, for a policy that is not the
+        default, the policy's keys, which mmcv ignores when it loads the state)."""
+        state = {key: getattr(self, key) for key in MMCV_STATE_KEYS}
+        state.update(_policy.policy_state(self.policy, self.cur_hysteresis))
+        return state
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Restore a state written by :meth:`state_dict` (or by mmcv).
@@ -271,6 +320,8 @@ class LossScaler:
                 f'LossScaler state is missing {missing}; expected the keys {MMCV_STATE_KEYS} '
                 'as written by LossScaler.state_dict().')
         check_scaler_state(state_dict, 'LossScaler.load_state_dict()', unit_factor=True)
+        saved = _policy.check_policy_state(state_dict, 'LossScaler.load_state_dict()')
+        self._set_policy(*(saved or (self.policy,)))  # a state without them keeps ours
         for key in MMCV_STATE_KEYS:
             value = state_dict[key]
             if key in ('cur_scale', 'scale_factor'):
@@ -280,8 +331,9 @@ class LossScaler:
             setattr(self, key, value)
 
     def __repr__(self) -> str:
+        policy = ''.join(f', {key}={value!r}' for key, value in self.policy.given().items())
         return (f'LossScaler(cur_scale={self.cur_scale}, mode={self.mode!r}, '
-                f'scale_factor={self.scale_factor}, scale_window={self.scale_window})')
+                f'scale_factor={self.scale_factor}, scale_window={self.scale_window}{policy})')
 
 
 def _check_positive(name: str, value: Any) -> None:

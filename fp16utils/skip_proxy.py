@@ -127,7 +127,9 @@ def skip_aware(obj: Any, optim_wrapper: Any) -> Any:
     Each ``step()`` (schedulers) or ``update_parameters(model)`` (EMA models) on the
     returned proxy reaches ``obj`` only when ``optim_wrapper`` took at least one
     optimizer step since the proxy last advanced; otherwise it does nothing. The
-    count lives on the wrapper (``steps_taken``), on the host: no device sync.
+    count lives on the wrapper (``steps_taken``), on the host: no device sync. (In
+    mmcv's or MMEngine's runner, where hooks step them, take the option
+    ``skip_aware_hooks=True`` of the optimizer hook or wrapper instead.)
 
     Args:
         obj: Anything with ``step()`` (``torch.optim.lr_scheduler.*``, MMEngine

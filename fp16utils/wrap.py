@@ -10,7 +10,7 @@ from torch import nn
 from ._torch import caps, dtypes, models
 from ._torch.models import BatchNormBase as _BatchNorm
 from .cast import _cast
-from .fp32_modules import Fp32Modules, keep_fp32, kept_fp32, match_modules
+from .fp32_modules import Fp32Modules, keep_named, kept_fp32, match_modules
 
 __all__ = ['patch_forward_method', 'patch_norm_fp32', 'wrap_fp16_model']
 
@@ -205,7 +205,8 @@ def wrap_fp16_model(model: nn.Module, dtype: Union[torch.dtype, str, None] = Non
         originals = _float32_tensors(kept)  # the kept modules' values, never rounded
         model.to(low)
         _patch_norms(model, low)
-    keep_fp32(model, names or None, low if backend == 'legacy' else None)
+    # keep_named: a model kept in float32 itself (kept_fp32 names it '') is kept again.
+    keep_named(model, names, low if backend == 'legacy' else None)
     if backend == 'legacy':
         _restore(originals)
     inside = {id(sub) for module in kept for sub in module.modules()}  # kept: no half

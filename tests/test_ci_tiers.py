@@ -16,7 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 TIERS = {'compat': 'torch', 'consumers': 'mmdet', 'mmengine': 'mmengine',
-         'migration': 'mmengine', 'docs': 'mkdocstrings'}
+         'mmcvops': 'mmdet', 'migration': 'mmengine', 'docs': 'mkdocstrings'}
 
 
 def _have_pip() -> bool:
@@ -88,7 +88,7 @@ def test_an_index_that_answers_without_the_pin_fails_the_tier(tier, tmp_path):
         assert result.stdout.splitlines()[-1] == 'compat-result: 1.13.1 - - - - failed'
 
 
-@pytest.mark.parametrize('tier', ['consumers', 'mmengine', 'migration', 'docs'])
+@pytest.mark.parametrize('tier', ['consumers', 'mmengine', 'mmcvops', 'migration', 'docs'])
 def test_a_cached_environment_that_does_not_import_is_not_reused(tier, tmp_path):
     venv = tmp_path / tier
     (venv / 'bin').mkdir(parents=True)

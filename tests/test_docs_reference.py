@@ -51,11 +51,11 @@ def _mmengine_all() -> list:
 
 def test_every_public_name_has_its_entry_on_an_api_page():
     documented = _directives()
-    assert len(fp16utils.__all__) == 44
+    assert len(fp16utils.__all__) == 47
     missing = [name for name in fp16utils.__all__ if f'fp16utils.{name}' not in documented]
     assert missing == []
     plugin = _mmengine_all()
-    assert len(plugin) == 5
+    assert len(plugin) == 7
     assert [n for n in plugin if f'fp16utils.mmengine.{n}' not in documented] == []
     migrate = importlib.import_module('fp16utils.migrate')
     assert [n for n in migrate.__all__ if f'fp16utils.{n}' not in documented
@@ -266,10 +266,16 @@ def test_the_optim_wrapper_keys_are_what_the_builder_and_the_wrapper_take():
 
 
 def test_the_loss_scale_keys_are_the_scaler_arguments_of_both_vocabularies():
+    from fp16utils._args import policy as _policy
     from fp16utils._args import spec as _spec
 
     keys = _key_table(_config_sections()['loss-scale'])
-    assert set(keys) == set(_spec.GRAD_SCALER_ARGS) | set(_spec.LOSS_SCALER_ARGS)
+    assert set(keys) == (set(_spec.GRAD_SCALER_ARGS) | set(_spec.LOSS_SCALER_ARGS)
+                         | set(_policy.POLICY_KEYS) | set(_policy.DEEPSPEED_NAMES))
+    for name, default in _policy.DEFAULT_POLICY._asdict().items():
+        assert keys[name].startswith(f'`{default!r}`'), (name, keys[name])
+    for theirs in _policy.DEEPSPEED_NAMES:
+        assert keys[theirs] == "(DeepSpeed's)", theirs
     torch_default, mmcv_default = _spec.TORCH_DYNAMIC, _spec.MMCV_DYNAMIC
     for name, mmcv_name in (('init_scale', None), ('growth_interval', 'scale_window'),
                             ('growth_factor', 'scale_factor')):

@@ -520,3 +520,144 @@ def test_the_nms_check_block_names_the_installed_pair(tmp_path, monkeypatch):
     if importlib.util.find_spec('torchvision') is None:
         assert printed[1:] == ['torchvision is not installed',
                                "ModuleNotFoundError: No module named 'torchvision'"]
+
+
+# ------------------------------------------------- one page per half-kernel error text
+
+ERROR_PAGES = {
+    'not-implemented-for-half.md': '"..." not implemented for \'Half\'',
+    'expected-scalar-type.md': 'expected scalar type Half but found Float',
+    'input-type-bias-type.md': 'Input type (c10::Half) and bias type (float) should be the same',
+}
+
+
+def _title(page: str) -> str:
+    return re.search(r'^# (.+)$', (DOCS / page).read_text(), re.M).group(1)
+
+
+def _promised(block: str) -> list:
+    """What a block says it prints: the comment after each ``print(...)`` line, on the
+    same line, or the comment lines right under it (one per line printed)."""
+    lines = block.splitlines()
+    said = []
+    for i, line in enumerate(lines):
+        if not line.lstrip().startswith('print('):
+            continue
+        same = re.search(r'\)\s+# (.+)$', line)
+        if same:
+            said.append(same.group(1))
+            continue
+        for below in lines[i + 1:]:
+            if not below.startswith('# '):
+                break
+            said.append(below[2:])
+    return said
+
+
+def _torch_message(fn) -> str:
+    with pytest.raises(RuntimeError) as caught:  # NotImplementedError is one
+        fn()
+    return str(caught.value)
+
+
+@pytest.mark.parametrize('page', sorted(ERROR_PAGES))
+def test_each_error_page_is_titled_with_its_error(page):
+    assert _title(page) == ERROR_PAGES[page]
+    first = next(b for lang, b in blocks(page) if lang == 'text').strip()
+    assert len(first.splitlines()) == 1 and first.split(': ', 1)[0] in (
+        'RuntimeError', 'NotImplementedError')
+    quoted = first.split(': ', 1)[1]
+    # The first block is a real instance of the title (the kernel's name for '...').
+    assert re.sub(r'"[^"]+"', '"..."', quoted).replace('BFloat16', 'Half') == _title(page)
+
+
+@pytest.mark.parametrize('page', sorted(ERROR_PAGES))
+def test_each_error_page_prints_what_its_comments_say(page, tmp_path, monkeypatch):
+    _caps.require(torch.bfloat16)
+    promised = 0
+    for body in scripts(page):
+        _, printed = run(body, page, tmp_path, monkeypatch)
+        assert printed == _promised(body), body.splitlines()[0]
+        promised += len(printed)
+    assert promised >= 3  # the doctor and the fix, at least
+
+
+def test_the_torch_messages_the_pages_quote_are_torchs():
+    """Where the pages quote torch's own operators, this torch says it (torch >= 2)."""
+    cdist = _torch_message(lambda: torch.cdist(torch.ones(2, 2, dtype=torch.float16),
+                                               torch.ones(2, 2, dtype=torch.float16)))
+    assert cdist == '"cdist" not implemented for \'Half\''
+    assert '`"cdist" not implemented for \'Half\'`' in ' '.join(
+        (DOCS / 'not-implemented-for-half.md').read_text().split())
+    if int(torch.__version__.split('.')[0]) < 2:
+        pytest.skip('torch < 2 has no float16 kernels for these on the CPU: other errors')
+    import torch.nn.functional as F
+
+    half = torch.randn(2, 3, dtype=torch.float16)
+    weighted = _torch_message(lambda: F.cross_entropy(half, torch.tensor([0, 1]),
+                                                      weight=torch.ones(3)))
+    conv = _torch_message(lambda: nn.Conv2d(1, 1, 1)(torch.ones(1, 1, 2, 2,
+                                                                dtype=torch.float16)))
+    if weighted != ERROR_PAGES['expected-scalar-type.md']:
+        pytest.skip(f'this torch words it {weighted!r}')
+    assert conv == ERROR_PAGES['input-type-bias-type.md']
+
+
+def _fixed_block(page: str, marker: str) -> str:
+    return next(b for b in scripts(page) if marker in b)
+
+
+@pytest.mark.parametrize('page, marker, undo, error', [
+    ('not-implemented-for-half.md', "fp32_modules=['PairwiseDistance']",
+     ",\n                fp32_modules=['PairwiseDistance']", 'not implemented for'),
+    ('expected-scalar-type.md', "fp32_modules=['loss']",
+     ",\n                        fp32_modules=['loss']", 'expected scalar type BFloat16'),
+    ('input-type-bias-type.md', "fp32_modules=['2']",
+     ", fp32_modules=['2'])\n", 'should be the same'),
+])
+def test_without_the_fix_the_same_block_raises_the_pages_error(page, marker, undo, error,
+                                                                 tmp_path, monkeypatch):
+    _caps.require(torch.bfloat16)
+    block = _fixed_block(page, marker)
+    assert undo in block
+    unfixed = block.replace(undo, ')\nmodel[2].float()\n' if page.startswith('input') else '')
+    with pytest.raises(RuntimeError) as caught:
+        run(unfixed, f'{page}: unfixed', tmp_path, monkeypatch)
+    if not (page.startswith('input') and str(caught.value).startswith('Input type (CPU')):
+        assert error in str(caught.value)  # (torch < 2 words the conv's differently)
+
+
+def test_the_config_on_the_page_keeps_the_class_in_float32(tmp_path, monkeypatch):
+    _caps.require(torch.bfloat16, 'native', scaled=False)
+    from fp16utils.optim.builder import build_optim_wrapper
+
+    block = next(b for b in scripts('not-implemented-for-half.md')
+                 if b.startswith('optim_wrapper = dict('))
+    namespace, _ = run(block, 'not-implemented-for-half.md: config', tmp_path, monkeypatch)
+
+    class DeformConv2dPack(nn.Conv2d):
+        """Named as mmcv's: the config names the class."""
+
+    model = nn.Sequential(nn.Conv2d(3, 4, 1), DeformConv2dPack(4, 4, 3, padding=1))
+    wrapper = build_optim_wrapper(model, namespace['optim_wrapper'])
+    assert type(wrapper).__name__ == 'AmpOptimWrapper' and wrapper.dtype == torch.bfloat16
+    assert kept_fp32(model) == ['1']
+
+
+def test_the_overview_and_the_index_send_each_error_to_its_page():
+    overview = (DOCS / 'no-half-kernel.md').read_text()
+    index = (DOCS / 'index.md').read_text()
+    for page, title in ERROR_PAGES.items():
+        assert f']({page})' in overview
+        row = next(line for line in index.splitlines() if line.startswith(f'| `{title}`'))
+        assert row.endswith(f']({page}) |')
+    # The overview keeps the anchors the pages and the rest of the site link to.
+    for anchor in ('## A function: fp32_function', '## A module: keep_fp32 and fp32_modules'):
+        assert anchor in overview
+
+
+def test_the_scan_findings_link_the_pages_that_exist():
+    from fp16utils.migrate import half_kernels
+
+    for page in half_kernels._PAGES.values():
+        assert (ROOT / page).is_file(), page

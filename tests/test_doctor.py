@@ -248,8 +248,13 @@ def test_an_op_outside_any_submodule_cannot_be_fixed_and_says_so():
     assert [(p.name, p.kind, p.fp32_entry) for p in report.problems] == [
         ('<root>', 'dtype-error', None)]
     assert report.fp32_modules == [] and not report.verified
-    assert report.unfixable == ["dtype error in the model's own forward, outside any submodule; "
-                                'put that op in a submodule or decorate it with @force_fp32']
+    line = 'return torch.zeros(2, 4).index_add_(0, torch.arange(2), self.fc(x)).sum()'
+    at = f' (at test_doctor.py:{OwnScatter.forward.__code__.co_firstlineno + 1}: {line})'
+    assert report.problems[0].detail.endswith(at)
+    assert report.unfixable == [
+        f"dtype error in the model's own forward, outside any submodule{at}; run that op in "
+        'float32: wrap the function with fp16utils.fp32_function, put it in a submodule, or '
+        'decorate the method with @force_fp32']
     assert 'cannot fix: dtype error in the model' in str(report)
 
 
@@ -419,3 +424,31 @@ def test_auto_fp16_inside_a_kept_module_stays_off_and_the_fix_verifies():
     legacy = diagnose_precision(model, torch.randn(2, 4), dtype='bfloat16', backend='legacy')
     assert [(p.name, p.kind) for p in legacy.problems] == [('1', 'dtype-error')]
     assert legacy.fp32_modules == ['1'] and legacy.verified and legacy.unfixable == []
+
+
+class SharedHead(nn.Module):
+    """One head applied to three feature levels; the second level's values are large."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(8, 8)
+
+    def forward(self, x):
+        levels = (x, x * 3e4, x * 0.5)
+        return torch.stack([self.head(level) for level in levels]).float().mean()
+
+
+def test_a_module_called_more_than_once_names_the_calls_that_fail():
+    _caps.require(torch.float16, 'native')
+    torch.manual_seed(0)
+    model = SharedHead()
+    with torch.no_grad():
+        model.head.weight.fill_(1.0)
+    report = diagnose_precision(model, torch.rand(2, 8) + 1.0, dtype='float16')
+    problem = report.problems[0]
+    assert (problem.name, problem.kind) == ('head', 'nonfinite')
+    assert problem.calls == (2,) and problem.call_count == 3
+    assert problem.detail.endswith('(call 2 of 3)')
+    assert report.to_dict()['problems'][0]['calls'] == [2]
+    assert report.fp32_modules == ['head'] and report.verified
+    assert '(call 2 of 3)' in str(report)

@@ -71,6 +71,8 @@ RUNS: Dict[str, Run] = {
         ('-m', 'fp16utils', 'run', '--dtype', 'float16', 'examples/mmcv_runner.py'),
         needs='mmcv', float16=True),
     'mmcv-runner-page-patch': Run(('-c', PATCH_BLOCK), needs='mmcv'),
+    'evaluation-bfloat16': Run(('examples/evaluation.py',)),
+    'evaluation-float16': Run(('examples/evaluation.py', '--dtype', 'float16'), float16=True),
     'mmengine_runner': Run(('examples/mmengine_runner.py',), needs='mmengine'),
     'mmengine_config': Run(('examples/mmengine_runner.py', '--config',
                             'examples/mmengine_config.py'), needs='mmengine'),
@@ -368,3 +370,24 @@ def test_choose_dtype_float16_block_starts_at_the_grad_scaler_scale(capsys):
     exec(compile(block, 'docs/getting-started/choose-dtype.md', 'exec'), {})
     said = re.search(r'print\(.*\)\s+# (.+)$', block, re.M).group(1)
     assert capsys.readouterr().out.strip() == said == 'torch.float16 65536.0'
+
+
+# ------------------------------------------------------------- evaluation by hand
+
+
+@pytest.mark.parametrize('name', ['evaluation-bfloat16', 'evaluation-float16'])
+def test_evaluation_by_hand_runs_the_dtype_and_stays_close_to_float32(outputs, name):
+    text = output(outputs, name)
+    dtype = name.split('-')[1]
+    err = r'([0-9.e-]+)'
+    m = summary(text, rf'summary: torch\.{dtype}, native {err}, legacy {err}, '
+                      rf'without flags {err}')
+    # The example's errors (seed 0): float16 1.8e-4, bfloat16 1.5e-3; about 3 times that.
+    tol = 6e-4 if dtype == 'float16' else 5e-3
+    assert all(0 < float(e) <= tol for e in m.groups()), m.groups()
+    line(text, rf'^native: backbone torch\.{dtype}, decoded in torch\.float32, '
+               r'weights torch\.float32, ')
+    line(text, rf'^legacy: backbone torch\.{dtype}, weights torch\.{dtype} \(norm '
+               r'torch\.float32, head\.reg torch\.float32\), decoded in torch\.float32, ')
+    line(text, rf"^without flags: native torch\.{dtype}, backbone torch\.{dtype}, kept "
+               r"\['head\.reg'\] \(after: \[\]\), ")

@@ -443,3 +443,17 @@ def test_match_modules_names_each_match_once_in_model_order():
     assert match_modules(model, None) == []
     assert check_fp32_modules('head.*') == ['head.*']
     assert check_fp32_modules((nn.ReLU, 'x')) == [nn.ReLU, 'x']
+
+
+@pytest.mark.parametrize('backend', ['native', 'legacy'])
+def test_wrapping_a_module_that_is_itself_kept_leaves_it_float32(backend):
+    """keep_fp32(model, '1') then wrap_fp16_model(model[1]): the kept module stays float32."""
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+    keep_fp32(model, '1')
+    before = model[1].weight.detach().clone()
+    wrapped = wrap_fp16_model(model[1], dtype=torch.bfloat16, backend=backend)
+    assert wrapped is model[1] and kept_fp32(wrapped) == ['']
+    assert wrapped.weight.dtype == torch.float32 and torch.equal(wrapped.weight, before)
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        assert wrapped(torch.ones(1, 2)).dtype == (
+            torch.bfloat16 if backend == 'legacy' else torch.float32)

@@ -247,6 +247,7 @@ LAYERS: list[set[str]] = [
     {'engine'},
     {'optim'},
     {'hooks'},
+    {'evaluation'},
     {'skip_proxy'},
     {'mmcv', 'mmengine'},
     {'migrate'},

@@ -10,7 +10,8 @@ __all__ = ['FP16_HOOK_ARGS', 'UnknownKeyError', 'unknown_keys_message']
 #: What ``Fp16OptimizerHook`` takes, so what a 0.x config's ``fp16`` dict may hold
 #: (mmdet 2.x passes it as ``Fp16OptimizerHook(**optimizer_config, **fp16)``).
 FP16_HOOK_ARGS = ('loss_scale', 'grad_clip', 'coalesce', 'bucket_size_mb', 'distributed',
-                  'dtype', 'backend', 'nonfinite', 'overflow_guard', 'agree_across_ranks')
+                  'dtype', 'backend', 'nonfinite', 'overflow_guard', 'agree_across_ranks',
+                  'skip_aware_hooks')
 
 
 class UnknownKeyError(TypeError):

@@ -14,7 +14,8 @@ from typing import Any
 
 __all__ = ['F32_RECIPROCAL_LIMIT', 'MAX_GROWTH_INTERVAL', 'MAX_GROWTH_TRACKER', 'MAX_LOSS_SCALE',
            'MAX_SCALE', 'MIN_LOSS_SCALE', 'SCALE_RANGE', 'grad_scaler_bounds_error',
-           'grow_scale', 'real_number', 'shrink_scale', 'to_float32', 'usable_scale']
+           'grow_scale', 'positive_finite', 'real_number', 'shrink_scale', 'to_float32',
+           'usable_scale']
 
 #: The largest loss scale (the largest power of two a float32 holds).
 MAX_SCALE = 2.0**127
@@ -71,6 +72,12 @@ def real_number(value: Any) -> Any:
         if isinstance(item, (int, float)) and not isinstance(item, bool):
             return item
     return None
+
+
+def positive_finite(value: Any) -> bool:
+    """Whether ``value`` is a finite number > 0 (a numpy scalar too, as mmcv takes it)."""
+    number = real_number(value)
+    return number is not None and math.isfinite(number) and number > 0
 
 
 def usable_scale(value: Any) -> bool:

@@ -15,11 +15,26 @@ from .limits import (  # the scale's floor, ceiling and steps live there; named 
     MIN_LOSS_SCALE,
     SCALE_RANGE,
     grow_scale,
-    real_number,
+    positive_finite,
     shrink_scale,
     usable_scale,
 )
 from .numbers import as_whole, window_note
+from .policy import (
+    DEEPSPEED_NAMES,
+    DEFAULT_POLICY,
+    POLICY_KEYS,
+    ScalePolicy,
+    pop_policy,
+    read_deepspeed_names,
+)
+from .states import (  # scaler states live there; named here too
+    GRAD_SCALER_STATE_KEYS,
+    MMCV_STATE_KEYS,
+    check_scaler_state,
+    grad_scaler_to_mmcv_state,
+    mmcv_to_grad_scaler_state,
+)
 
 __all__ = [
     'GRAD_SCALER_ARGS', 'GRAD_SCALER_STATE_KEYS', 'LOSS_SCALER_ARGS', 'MAX_LOSS_SCALE',
@@ -28,7 +43,7 @@ __all__ = [
     'check_nonfinite_policy', 'check_positive_int', 'check_scale', 'check_scaler_state',
     'check_stats', 'grad_scaler_to_mmcv_state', 'grow_scale', 'is_number', 'is_positive_int',
     'mmcv_to_grad_scaler_state', 'nonfinite_error', 'parse_clip_grad', 'parse_loss_scale',
-    'positive_finite', 'shrink_scale']
+    'positive_finite', 'shrink_scale', 'ScalePolicy', 'DEFAULT_POLICY']
 
 logger = logging.getLogger('fp16utils')
 
@@ -43,12 +58,6 @@ class NotADictError(ValueError, AssertionError):
 def is_number(value: Any) -> bool:
     """Whether ``value`` is an int or a float (a bool is not a number here)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def positive_finite(value: Any) -> bool:
-    """Whether ``value`` is a finite number > 0 (a numpy scalar too, as mmcv takes it)."""
-    number = real_number(value)
-    return number is not None and math.isfinite(number) and number > 0
 
 
 def is_positive_int(value: Any) -> bool:
@@ -82,6 +91,7 @@ class ScaleSpec(NamedTuple):
     backoff_factor: float
     growth_interval: int
     enabled: bool = True
+    policy: ScalePolicy = DEFAULT_POLICY
 
 
 #: mmcv's default ``loss_scale`` of ``Fp16OptimizerHook`` (a static scale).
@@ -96,10 +106,6 @@ MMCV_DYNAMIC = ScaleSpec(False, float(MMCV_INIT_SCALE), 2.0, 0.5, 1000)
 GRAD_SCALER_ARGS = ('init_scale', 'growth_factor', 'backoff_factor', 'growth_interval',
                     'enabled')
 LOSS_SCALER_ARGS = ('init_scale', 'mode', 'scale_factor', 'scale_window')
-MMCV_STATE_KEYS = ('cur_scale', 'cur_iter', 'mode', 'last_overflow_iter', 'scale_factor',
-                   'scale_window')
-GRAD_SCALER_STATE_KEYS = ('scale', 'growth_factor', 'backoff_factor', 'growth_interval',
-                          '_growth_tracker')
 
 
 def parse_loss_scale(loss_scale: Any, owner: str,
@@ -108,7 +114,8 @@ def parse_loss_scale(loss_scale: Any, owner: str,
     usage = (f"{owner}: loss_scale must be 'dynamic', a positive number (a static scale) "
              'or a dict of scaler arguments (init_scale, growth_factor, backoff_factor, '
              'growth_interval, enabled; or mmcv\'s init_scale, mode, scale_factor, '
-             'scale_window)')
+             'scale_window; and the policy keys min_scale, max_scale, hysteresis, '
+             'consecutive_hysteresis, at_min_scale, or DeepSpeed\'s names)')
     if isinstance(loss_scale, str):
         if loss_scale == 'dynamic':
             return dynamic
@@ -120,7 +127,8 @@ def parse_loss_scale(loss_scale: Any, owner: str,
     if not isinstance(loss_scale, Mapping):
         raise ValueError(f'{usage}; got {type(loss_scale).__name__} {loss_scale!r}.')
     args = dict(loss_scale)
-    known = set(GRAD_SCALER_ARGS) | set(LOSS_SCALER_ARGS)
+    known = set(GRAD_SCALER_ARGS) | set(LOSS_SCALER_ARGS) | set(POLICY_KEYS) | set(
+        DEEPSPEED_NAMES)
     unknown = sorted(set(args) - known, key=str)
     if unknown:
         raise ValueError(f'{usage}; got the unknown key(s) {unknown}.')
@@ -128,6 +136,7 @@ def parse_loss_scale(loss_scale: Any, owner: str,
         if ours in args and theirs in args:
             raise ValueError(f'{usage}; {ours!r} and {theirs!r} are the same setting in two '
                              'vocabularies: give only one of them.')
+    read_deepspeed_names(args, usage)
     mode = args.get('mode', 'dynamic')
     if mode not in ('dynamic', 'static'):
         raise ValueError(f"{usage}; mode must be 'dynamic' or 'static', got {mode!r}.")
@@ -149,6 +158,7 @@ def parse_loss_scale(loss_scale: Any, owner: str,
         raise ValueError(f'{usage}; enabled must be True or False, got {enabled!r}.')
     factors_ok = (positive_finite(growth) and growth > 1 and positive_finite(backoff)
                   and backoff < 1)
+    policy = pop_policy(args, usage, static=static, init_scale=float(init_scale))
     whole = as_whole(interval)  # 2.0 as mmcv takes it; 2.5 refused (see fp16utils._args.numbers)
     interval_ok = whole is not None and whole >= 1
     if static:
@@ -166,117 +176,8 @@ def parse_loss_scale(loss_scale: Any, owner: str,
         if not interval_ok:
             raise ValueError(f'{usage}; growth_interval (scale_window) must be a whole number '
                              f'>= 1, got {interval!r}{window_note(interval)}.')
-    return ScaleSpec(static, float(init_scale), float(growth), float(backoff), whole, enabled)
-
-
-def mmcv_to_grad_scaler_state(state: Mapping[str, Any]) -> Tuple[Dict[str, Any], bool]:
-    """An mmcv ``LossScaler`` state as GradScaler's, and whether it is static."""
-    # Both grow on the same step when tracker = (cur_iter - last_overflow_iter - 1) % window.
-    window = int(state['scale_window'])
-    factor = float(state['scale_factor'])
-    tracker = (int(state['cur_iter']) - int(state['last_overflow_iter']) - 1) % window
-    static = state['mode'] == 'static'
-    if factor <= 1:  # a static scale never grows: keep values GradScaler takes
-        factor = TORCH_DYNAMIC.growth_factor
-    return {
-        'scale': float(state['cur_scale']),
-        'growth_factor': factor,
-        'backoff_factor': 1.0 / factor,
-        'growth_interval': window,
-        '_growth_tracker': tracker,
-    }, static
-
-
-def grad_scaler_to_mmcv_state(state: Mapping[str, Any], static: bool) -> Dict[str, Any]:
-    """A GradScaler state as mmcv's ``LossScaler`` keys (the inverse mapping)."""
-    growth = float(state['growth_factor'])
-    backoff = float(state['backoff_factor'])
-    if not math.isclose(growth * backoff, 1.0, rel_tol=1e-6):
-        logger.warning(
-            'Loading a GradScaler state (growth_factor=%s, backoff_factor=%s) into the legacy '
-            "backend's LossScaler, which backs off by 1/growth_factor; backoff_factor is "
-            'ignored.', growth, backoff)
-    return {
-        'cur_scale': float(state['scale']),
-        'cur_iter': int(state['_growth_tracker']),
-        'mode': 'static' if static else 'dynamic',
-        'last_overflow_iter': -1,
-        'scale_factor': growth,
-        'scale_window': int(state['growth_interval']),
-    }
-
-
-def _state_error(owner: str, key: str, value: Any, expected: str) -> ValueError:
-    return ValueError(f'{owner}: the loss scaler state has {key}={value!r}; expected '
-                      f'{expected}. Load a state written by GradScaler.state_dict() or '
-                      'LossScaler.state_dict().')
-
-
-def _check_int(state: Mapping[str, Any], key: str, owner: str, low: Optional[int]) -> int:
-    value = as_whole(state[key])  # an int, or a float without a fraction (mmcv keeps 2.0)
-    if value is None or (low is not None and value < low):
-        raise _state_error(owner, key, state[key], ('a whole number' if low is None else
-                           f'a whole number >= {low}') + window_note(state[key]))
-    return value
-
-
-def _check_factor(state: Mapping[str, Any], key: str, owner: str, above_one: bool) -> float:
-    value = state[key]
-    ok = positive_finite(value) and (value > 1 if above_one else value < 1)
-    if not ok:
-        raise _state_error(owner, key, value, 'a finite number > 1' if above_one
-                           else 'a number in (0, 1)')
-    return float(value)
-
-
-def check_scaler_state(state: Any, owner: str, *, unit_factor: bool = False) -> str:
-    """Check a scaler state's keys, types and ranges; say its format, ``'mmcv'`` or ``'torch'``."""
-    if not isinstance(state, Mapping):
-        raise TypeError(f'{owner}: a loss scaler state must be a dict, got '
-                        f'{type(state).__name__}.')
-    if 'cur_scale' in state:
-        keys, kind = MMCV_STATE_KEYS, 'mmcv'
-    else:
-        keys, kind = GRAD_SCALER_STATE_KEYS, 'torch'
-    missing = [k for k in keys if k not in state]
-    if missing:
-        raise KeyError(
-            f'{owner}: the loss scaler state {sorted(state, key=str)} is missing {missing}; '
-            f'expected GradScaler.state_dict() keys {list(GRAD_SCALER_STATE_KEYS)} or mmcv '
-            f'LossScaler keys {list(MMCV_STATE_KEYS)}.')
-    unknown = sorted(set(state) - set(keys), key=str)
-    if unknown:
-        raise ValueError(f'{owner}: the loss scaler state has the unknown key(s) {unknown}; '
-                         f'a {kind} state has exactly the keys {list(keys)}.')
-    scale_key = 'cur_scale' if kind == 'mmcv' else 'scale'
-    scale = state[scale_key]
-    if not usable_scale(scale):
-        raise _state_error(owner, scale_key, scale, SCALE_RANGE)
-    if kind == 'torch':
-        _check_factor(state, 'growth_factor', owner, True)
-        _check_factor(state, 'backoff_factor', owner, False)
-        interval = _check_int(state, 'growth_interval', owner, 1)
-        tracker = _check_int(state, '_growth_tracker', owner, 0)
-        if tracker >= interval:
-            raise _state_error(owner, '_growth_tracker', tracker,
-                               f'a whole number in [0, growth_interval={interval})')
-        return kind
-    mode = state['mode']
-    if mode not in ('dynamic', 'static'):
-        raise _state_error(owner, 'mode', mode, "'dynamic' or 'static'")
-    factor = state['scale_factor']
-    # unit_factor: LossScaler itself also holds a dynamic scale_factor of 1 (a fixed scale).
-    if mode == 'dynamic' and not (unit_factor and real_number(factor) == 1):
-        _check_factor(state, 'scale_factor', owner, True)
-    elif not positive_finite(factor):
-        raise _state_error(owner, 'scale_factor', factor, 'a finite number > 0')
-    _check_int(state, 'scale_window', owner, 1)
-    cur_iter = _check_int(state, 'cur_iter', owner, 0)
-    last = _check_int(state, 'last_overflow_iter', owner, None)
-    if last > cur_iter:
-        raise _state_error(owner, 'last_overflow_iter', last,
-                           f'an int <= cur_iter={cur_iter} (-1: no overflow yet)')
-    return kind
+    return ScaleSpec(static, float(init_scale), float(growth), float(backoff), whole, enabled,
+                     policy)
 
 
 def check_stats(stats: Any, owner: str) -> Tuple[int, list]:

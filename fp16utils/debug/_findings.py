@@ -9,7 +9,10 @@ gradients is reported without a module to keep.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
+import sys
+import traceback
 from typing import Callable, Dict, List, Optional, Set, Tuple
 
 import torch
@@ -65,29 +68,49 @@ def flagged(run: Run, low: torch.dtype, tol: float, number: int) -> List[Precisi
     """
     found: Dict[str, PrecisionProblem] = {}
     worst: Dict[str, float] = {}
+    counts: Dict[str, int] = {}
+    hits: Dict[str, List[int]] = {}
     for r in run.records:
+        counts[r.name] = counts.get(r.name, 0) + 1
         if r.error is not None:
             worst[r.name] = max(worst.get(r.name, 0.0), r.error)
     for r in run.records:
-        if r.name in found or not (r.inputs_finite and r.reference_finite):
+        if not (r.inputs_finite and r.reference_finite):
             continue
+        problem = None
         if not r.outputs_finite:
-            found[r.name] = _nonfinite(r, low, number)
-            continue
-        given = max([r.input_error or 0.0] + [e for n, e in worst.items()
-                                               if n != r.name and inside(n, {r.name})])
-        if r.error is not None and r.error > tol and r.error > GROWTH * given:
-            found[r.name] = _drift(r, tol, number, '')
+            problem = _nonfinite(r, low, number)
+        else:
+            given = max([r.input_error or 0.0] + [e for n, e in worst.items()
+                                                   if n != r.name and inside(n, {r.name})])
+            if r.error is not None and r.error > tol and r.error > GROWTH * given:
+                problem = _drift(r, tol, number, '')
+        if problem is not None:
+            hits.setdefault(r.name, []).append(r.call)
+            found.setdefault(r.name, problem)  # the first failing call describes it
     if not found and worst.get('', 0.0) > tol:
         jumps = [r for r in run.records if r.name and r.error is not None
                  and r.error > tol / GROWTH and r.inputs_finite and r.reference_finite]
         if jumps:
             r = max(jumps, key=lambda c: c.error / max(c.input_error or 0.0, 1e-12))
+            hits[r.name] = [r.call]
             found[r.name] = _drift(r, tol, number, f"; the largest jump on the way to the "
                                                    f"model's output error {worst['']:.3g}")
     names = set(found)
-    return [p for name, p in found.items()
+    return [_with_calls(p, hits.get(name, []), counts.get(name, 1))
+            for name, p in found.items()
             if not any(other != name and inside(other, {name}) for other in names)]
+
+
+def _with_calls(p: PrecisionProblem, calls: List[int], count: int) -> PrecisionProblem:
+    """``p`` saying which calls failed, for a module the forward called more than once."""
+    if count <= 1:
+        return p
+    calls = calls or [1]
+    shown = ', '.join(map(str, calls[:8])) + (', ...' if len(calls) > 8 else '')
+    which = 'call' if len(calls) == 1 else 'calls'
+    return dataclasses.replace(p, calls=tuple(calls), call_count=count,
+                               detail=f'{p.detail} ({which} {shown} of {count})')
 
 
 def _nonfinite(r: CallRecord, low: torch.dtype, number: int) -> PrecisionProblem:
@@ -141,9 +164,31 @@ def raised(run: Run, number: int) -> PrecisionProblem:
     kind = 'dtype-error' if _DTYPE_WORDS.search(str(err)) else 'error'
     if run.where != 'forward':
         name = '<loss_fn>' if run.where == 'loss' else '<backward>'
-        return PrecisionProblem(name, '', kind, one_line(err), None, number)
+        return PrecisionProblem(name, '', kind, one_line(err) + source_line(err), None,
+                                number)
     name, cls = run.raised_in or ('', '')
-    return PrecisionProblem(name or ROOT_NAME, cls, kind, one_line(err), name or None, number)
+    detail = one_line(err) + ('' if name else source_line(err))
+    return PrecisionProblem(name or ROOT_NAME, cls, kind, detail, name or None, number)
+
+
+#: Frames in these folders are torch's or this package's, never the user's op.
+_NOT_USER = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep
+                  for m in (torch, sys.modules[__name__.split('.')[0]]))
+
+
+def source_line(err: Optional[BaseException]) -> str:
+    """`` (at FILE:LINE: CODE)``: the innermost frame of the user's code that raised, or ''."""
+    if err is None:
+        return ''
+    frames = [f for f in traceback.extract_tb(err.__traceback__)
+              if not os.path.abspath(f.filename).startswith(_NOT_USER)]
+    if not frames:
+        return ''
+    frame = frames[-1]
+    code = (frame.line or '').strip()
+    code = code if len(code) <= 80 else code[:77] + '...'
+    return f' (at {os.path.basename(frame.filename)}:{frame.lineno}' + (
+        f': {code})' if code else ')')
 
 
 def remedy(p: PrecisionProblem, run: Run, module_type: Callable[[str], str],
@@ -161,8 +206,10 @@ def remedy(p: PrecisionProblem, run: Run, module_type: Callable[[str], str],
             return p, None, (f'the {p.name[1:-1]} raises in {shown} ({p.detail}) where no '
                              'module can be named; run that op in float32 (@force_fp32 on '
                              'the loss, or the op in a module of its own)')
-        return p, None, (f"{p.shown_kind} in the model's own forward, outside any submodule; "
-                         'put that op in a submodule or decorate it with @force_fp32')
+        return p, None, (f"{p.shown_kind} in the model's own forward, outside any submodule"
+                         f"{source_line(run.error)}; run that op in float32: wrap the function "
+                         'with fp16utils.fp32_function, put it in a submodule, or decorate '
+                         'the method with @force_fp32')
     holder = min((k for k in run.kept if inside(entry, {k})),
                  key=lambda k: k.count('.') + bool(k), default=None)  # the outermost
     if holder is None:

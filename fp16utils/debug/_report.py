@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -37,6 +37,9 @@ class PrecisionProblem:
         error: The relative error of its output against float32 (None: not measured).
         input_error: The relative error of its inputs (None: not measured).
         dtype: The dtype of its output (``'float16'``, ...; None: it raised).
+        calls: For a module the forward called more than once (a head shared by
+            the levels of a feature pyramid): the calls that failed, from 1.
+        call_count: How many times the forward called the module.
 
     Example:
         >>> p = PrecisionProblem('head', 'Linear', 'drift', 'relative error 0.3', 'head')
@@ -53,6 +56,8 @@ class PrecisionProblem:
     error: Optional[float] = None
     input_error: Optional[float] = None
     dtype: Optional[str] = None
+    calls: Tuple[int, ...] = ()
+    call_count: int = 1
 
     @property
     def shown_kind(self) -> str:
@@ -61,7 +66,7 @@ class PrecisionProblem:
 
     def to_dict(self) -> Dict[str, Any]:
         """A JSON-serialisable dict."""
-        return dataclasses.asdict(self)
+        return {**dataclasses.asdict(self), 'calls': list(self.calls)}
 
 
 @dataclasses.dataclass

@@ -9,6 +9,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 import torch
 from torch import nn
 
+from .._args.policy import floor_of
 from .._args.spec import (
     MIN_LOSS_SCALE,
     ScaleSpec,
@@ -64,7 +65,8 @@ class LegacyEngine(StepEngine):
         self.enabled = spec.enabled and dtypes.needs_loss_scaling(dtype)
         self.loss_scaler = LossScaler(
             init_scale=spec.init_scale, mode='static' if spec.static else 'dynamic',
-            scale_factor=spec.growth_factor, scale_window=spec.growth_interval)
+            scale_factor=spec.growth_factor, scale_window=spec.growth_interval,
+            **spec.policy.given())
         self.reduce = reduce  # called with the masters once their gradients are in
         self.model_params: List[_Tensor] = []
         self._masters: List[nn.Parameter] = []
@@ -135,7 +137,9 @@ class LegacyEngine(StepEngine):
     @property
     def at_scale_floor(self) -> bool:
         scaler = self.loss_scaler
-        return self.enabled and scaler.mode == 'dynamic' and scaler.cur_scale <= MIN_LOSS_SCALE
+        policy = getattr(scaler, 'policy', None)  # an mmcv LossScaler adopted has none
+        floor = MIN_LOSS_SCALE if policy is None else floor_of(policy)
+        return self.enabled and scaler.mode == 'dynamic' and scaler.cur_scale <= floor
 
     @property
     def masters(self) -> List[nn.Parameter]:

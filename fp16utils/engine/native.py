@@ -8,8 +8,16 @@ from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 import torch
 
 from .._args.limits import grad_scaler_bounds_error, to_float32
+from .._args.policy import (
+    at_floor,
+    bounded_growth,
+    check_policy_state,
+    floor_of,
+    on_clean,
+    on_overflow,
+    policy_state,
+)
 from .._args.spec import (
-    MIN_LOSS_SCALE,
     ScaleSpec,
     check_scaler_state,
     grow_scale,
@@ -28,7 +36,8 @@ _Tensor = torch.Tensor
 
 
 class HostScale:
-    """A GradScaler's scale, growth tracker, factors and interval on the host, with a floor."""
+    """A GradScaler's scale, growth tracker, factors and interval on the host, with the scale
+    policy (:class:`~fp16utils._args.policy.ScalePolicy`: hysteresis, floor, ceiling)."""
 
     def __init__(self, spec: ScaleSpec) -> None:
         self.scale = spec.init_scale
@@ -36,33 +45,46 @@ class HostScale:
         self.growth_factor = spec.growth_factor
         self.backoff_factor = spec.backoff_factor
         self.growth_interval = spec.growth_interval
-        self.min_scale = min(MIN_LOSS_SCALE, spec.init_scale)
+        self.policy = spec.policy
+        self.left = spec.policy.hysteresis  # overflows still tolerated (cur_hysteresis)
+        self.min_scale = min(floor_of(spec.policy), spec.init_scale)
 
-    def back_off(self) -> float:
-        """After an overflow: GradScaler's float32 backoff, never below the floor."""
-        backed_off = to_float32(to_float32(self.scale) * self.backoff_factor)
-        self.scale = shrink_scale(self.scale, backed_off, self.min_scale)
+    def back_off(self, step: int = 0) -> float:
+        """After an overflow at ``step``: GradScaler's float32 backoff (unless the hysteresis
+        tolerates it), never below the floor; the policy's action when it is there already."""
+        backs_off, left = on_overflow(self.left)
+        if backs_off and self.scale <= self.min_scale:
+            at_floor(self.policy, self.scale, f'step {step}')  # may raise: nothing changed
+        self.left = left
         self.tracker = 0
+        if backs_off:
+            backed_off = to_float32(to_float32(self.scale) * self.backoff_factor)
+            self.scale = shrink_scale(self.scale, backed_off, self.min_scale)
         return self.scale
 
     def count_clean(self) -> bool:
-        """After a clean step: count it, grow every ``growth_interval``; True when it grew."""
+        """After a clean step: count it, grow every ``growth_interval`` (up to the ceiling);
+        True when the growth interval completed."""
         self.tracker += 1
-        if self.tracker != self.growth_interval:
-            return False
-        self.tracker = 0
-        self.scale = grow_scale(self.scale, self.growth_factor, float32=True)
-        return True
+        grows = self.tracker == self.growth_interval
+        if grows:
+            self.tracker = 0
+            self.scale = bounded_growth(
+                self.scale, grow_scale(self.scale, self.growth_factor, float32=True),
+                self.policy)
+        self.left = on_clean(self.policy, self.left, grows)
+        return grows
 
-    def save(self) -> Tuple[float, int]:
-        return self.scale, self.tracker
+    def save(self) -> Tuple[float, int, int]:
+        return self.scale, self.tracker, self.left
 
-    def restore(self, saved: Tuple[float, int]) -> None:
-        self.scale, self.tracker = saved
+    def restore(self, saved: Tuple[float, int, int]) -> None:
+        self.scale, self.tracker, self.left = saved
 
     def lower_floor_to_scale(self) -> None:
-        """Take the current scale as the floor when it is below 1 (a scale given from outside)."""
-        self.min_scale = min(MIN_LOSS_SCALE, self.scale)
+        """Take the current scale as the floor when it is below the policy's (a scale given
+        from outside)."""
+        self.min_scale = min(floor_of(self.policy), self.scale)
 
     def state_dict(self) -> Dict[str, Any]:
         return {
@@ -71,6 +93,7 @@ class HostScale:
             'backoff_factor': self.backoff_factor,
             'growth_interval': self.growth_interval,
             '_growth_tracker': self.tracker,
+            **policy_state(self.policy, self.left),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -79,6 +102,13 @@ class HostScale:
         self.growth_factor = float(state['growth_factor'])
         self.backoff_factor = float(state['backoff_factor'])
         self.growth_interval = int(state['growth_interval'])
+        saved = check_policy_state(state, 'the loss scaler state')
+        if saved is None:  # a state without a policy (mmcv's, torch's): ours stays
+            self.left = self.policy.hysteresis
+            return
+        self.policy, self.left = saved
+        if self.policy.min_scale is not None:
+            self.min_scale = self.policy.min_scale
 
 
 class NativeEngine(StepEngine):
@@ -280,7 +310,7 @@ class NativeEngine(StepEngine):
             # scale that the host computed, floored and capped, when it changed.
             self._quiet_update(scaler)
             if skipped:
-                host.back_off()
+                host.back_off(step)
             if skipped or host.count_clean():
                 self._quiet_update(scaler, host.scale)
         self._record(step, skipped, old, host.scale)

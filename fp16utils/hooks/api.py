@@ -29,6 +29,15 @@ class OptimizerHookApi(RunnerHook):
 
     #: mmcv's flag: when True, each iteration first logs the parameters the loss does not use.
     detect_anomalous_params = False
+    #: The runner hooks that ``skip_aware_hooks`` follows (None: off; also for a hook
+    #: unpickled from a version without the option).
+    _skips: Any = None
+
+    @property
+    def skip_aware_hooks(self) -> Any:
+        """The hook classes the ``skip_aware_hooks`` option follows (a tuple), or False."""
+        skips = self._skips
+        return False if skips is None else skips.followed
 
     # -- a subclass whose __init__ does not call ours ----------------------------------------
 

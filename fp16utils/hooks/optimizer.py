@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from .._args.keys import FP16_HOOK_ARGS, UnknownKeyError, unknown_keys_message
+from .._args.skip_hooks import MMCV_FOLLOWED, OPTION
 from .._args.spec import (
     MMCV_DYNAMIC,
     MMCV_LOSS_SCALE,
@@ -37,30 +38,15 @@ from . import allreduce
 from .api import CumulativeHookApi, OptimizerHookApi
 from .base import follow_mmcv
 from .base import set_base as _set_base  # noqa: F401  (tests reset the hooks' base here)
+from .follow import SkipLedger, connect_0x
+from .runner_state import RunLog, fp16_slot
 
 __all__ = ['Fp16OptimizerHook', 'GradientCumulativeFp16OptimizerHook']
 
 logger = logging.getLogger('fp16utils')
 _Engine = Union[LegacyEngine, NativeEngine]
-
-
-def _fp16_slot(runner: Any) -> Any:
-    """``runner.meta['fp16']``, made (with ``runner.meta``) where it is None or absent."""
-    if runner.meta is None:
-        runner.meta = {}
-    if runner.meta.get('fp16') is None:
-        runner.meta['fp16'] = {}
-    return runner.meta['fp16']
-
-
-class _RunLog:
-    """The engine's logger: the current run's ``runner.logger``, else fp16utils'."""
-
-    def __init__(self) -> None:
-        self.runner_logger: Any = None
-
-    def warning(self, msg: str, *args: Any) -> None:
-        (logger if self.runner_logger is None else self.runner_logger).warning(msg, *args)
+#: The keyword arguments taken (the option may be listed in FP16_HOOK_ARGS already).
+_HOOK_ARGS = tuple(dict.fromkeys((*FP16_HOOK_ARGS, OPTION)))
 
 
 class Fp16OptimizerHook(Driven, OptimizerHookApi):
@@ -103,6 +89,9 @@ class Fp16OptimizerHook(Driven, OptimizerHookApi):
             ``runner.model`` from :meth:`before_train_iter`.
         agree_across_ranks: None (agree on every skip when the world size is
             > 1), True, False or a process group.
+        skip_aware_hooks: False (default: mmcv's behaviour), True (the runner's LR and
+            momentum updaters and EMA hooks do not advance on a skipped step) or a
+            list of the hook classes to follow; see docs/how-to/schedulers-ema.md.
 
     Raises:
         UnknownKeyError: (a TypeError) for a keyword argument it does not take,
@@ -116,7 +105,7 @@ class Fp16OptimizerHook(Driven, OptimizerHookApi):
     """
 
     #: The keyword arguments taken; another is an UnknownKeyError naming the closest.
-    _ACCEPTED = FP16_HOOK_ARGS
+    _ACCEPTED = _HOOK_ARGS
 
     def __init__(self, grad_clip: Optional[Mapping[str, Any]] = None, coalesce: bool = True,
                  bucket_size_mb: float = -1,
@@ -124,7 +113,8 @@ class Fp16OptimizerHook(Driven, OptimizerHookApi):
                  distributed: bool = True, *, dtype: Union[torch.dtype, str, None] = None,
                  backend: Optional[str] = None, nonfinite: str = 'warn',
                  overflow_guard: Optional[Mapping[str, Any]] = None,
-                 agree_across_ranks: Any = None, **unknown: Any) -> None:
+                 agree_across_ranks: Any = None, skip_aware_hooks: Any = False,
+                 **unknown: Any) -> None:
         follow_mmcv()
         self._set_up = True  # see OptimizerHookApi.__getattr__
         owner = type(self).__name__
@@ -133,6 +123,7 @@ class Fp16OptimizerHook(Driven, OptimizerHookApi):
                 unknown_keys_message(owner, unknown, self._ACCEPTED)
                 + ' (from the config: fp16=dict(...) or optimizer_config=dict(...))')
         self.nonfinite = check_nonfinite_policy(nonfinite, owner)
+        self._skips = SkipLedger.parse(skip_aware_hooks, owner, MMCV_FOLLOWED)
         self._driver = StepDriver(owner, self._make_window(owner),
                                   guard=OverflowGuard.parse(overflow_guard, owner))
         self.agree_across_ranks = check_setting(agree_across_ranks, owner)
@@ -148,7 +139,7 @@ class Fp16OptimizerHook(Driven, OptimizerHookApi):
         self._engine: Optional[_Engine] = None
         self._optimizer: Optional[torch.optim.Optimizer] = None
         self._model_only: List[nn.Parameter] = []
-        self._log = _RunLog()
+        self._log = RunLog()
 
     def _make_window(self, owner: str) -> AccumulationWindow:
         return AccumulationWindow(1, owner, 'cumulative_iters')
@@ -186,6 +177,8 @@ class Fp16OptimizerHook(Driven, OptimizerHookApi):
     def before_run(self, runner: Any) -> None:
         """Choose the backend and prepare the model (and masters); resume from ``runner.meta``."""
         owner = type(self).__name__
+        if self._skips is not None:  # the runner's schedule and EMA hooks follow the steps
+            connect_0x(self._skips, runner, self)
         optimizer, model = runner.optimizer, runner.model
         engine = self._engine
         step = int(getattr(runner, 'iter', 0) or 0)
@@ -218,6 +211,11 @@ class Fp16OptimizerHook(Driven, OptimizerHookApi):
         # TextLoggerHook writes runner.meta to its JSON log in before_run.
         fp16_meta.pop('master_params', None)
         fp16_meta.pop('pending_window', None)
+
+    def after_run(self, runner: Any) -> None:
+        """Give the hooks that ``skip_aware_hooks`` followed their own stages back."""
+        if self._skips is not None:
+            self._skips.disconnect()
 
     def _make_engine(self, optimizer: Any, model: nn.Module, backend: str,
                      owner: str) -> _Engine:
@@ -270,8 +268,10 @@ class Fp16OptimizerHook(Driven, OptimizerHookApi):
             driver.step(runner.optimizer, int(runner.iter) + 1, {})
         finally:
             if driver.last_result is not previous:
-                _fp16_slot(runner).update(engine.checkpoint())
+                fp16_slot(runner).update(engine.checkpoint())
                 self._publish(runner, driver.last_result)
+        if self._skips is not None and driver.last_result.skipped:
+            self._skips.skipped(runner, driver.window.divisor(int(runner.iter)))
 
     def _publish(self, runner: Any, result: Any) -> None:
         """``runner.outputs['fp16']``; ``grad_norm`` and ``loss_scale`` to the log buffer."""
@@ -338,7 +338,7 @@ class GradientCumulativeFp16OptimizerHook(CumulativeHookApi, Fp16OptimizerHook):
         4
     """
 
-    _ACCEPTED = ('cumulative_iters', *FP16_HOOK_ARGS)
+    _ACCEPTED = ('cumulative_iters', *_HOOK_ARGS)
 
     def __init__(self, cumulative_iters: int = 1, **kwargs: Any) -> None:
         self._window = AccumulationWindow(cumulative_iters, type(self).__name__,
@@ -381,15 +381,15 @@ class GradientCumulativeFp16OptimizerHook(CumulativeHookApi, Fp16OptimizerHook):
         except BaseException:  # the window's gradients are spent: no checkpoint keeps them
             self._driver.raised()
             if runner.meta:
-                _fp16_slot(runner).pop('pending_window', None)
+                fp16_slot(runner).pop('pending_window', None)
             raise
         if window.completes(it):
             if runner.meta:
-                _fp16_slot(runner).pop('pending_window', None)
+                fp16_slot(runner).pop('pending_window', None)
         else:
             # A checkpoint saved now keeps the window's gradients (references: the
             # checkpoint hook serialises them after this hook has run).
-            _fp16_slot(runner)['pending_window'] = self._driver.pending_window(
+            fp16_slot(runner)['pending_window'] = self._driver.pending_window(
                 runner.optimizer, it + 1, copy=False)
             self._publish(runner, self._driver.accumulated())
 

@@ -278,7 +278,7 @@ class ConfigConverter(LegacyKeys):
         candidates = [
             (where, val)
             for where, val in (
-                ('fp16.loss_scale', fp16_scale),
+                (self.fp16_where, fp16_scale),
                 ('optimizer_config.loss_scale', hook.get('loss_scale', _MISSING)),
                 ('runner.fp16_loss_scaler', runner_scale),
             )
@@ -290,7 +290,11 @@ class ConfigConverter(LegacyKeys):
         for where, val in candidates:
             notes: list[str] = []  # GradScaler's own arguments (mmgen's runner) keep their meaning
             faithful = self.faithful and where != 'runner.fp16_loss_scaler'
-            new = convert_loss_scale(val, where, self.problems, notes, faithful)
+            new = convert_loss_scale(val, where, self.problems, notes, faithful,
+                                     deepspeed=where == 'fp16')  # DeepSpeed's block
+            if where == 'fp16' and new == {}:
+                new = 'dynamic'  # DeepSpeed's block with GradScaler's defaults
+
             converted.append((where, new, notes if where != 'runner.fp16_loss_scaler' else []))
         chosen_where, chosen, chosen_notes = converted[0]
         self.notes.extend(chosen_notes)

@@ -14,6 +14,7 @@ from typing import Any, Optional
 from .._args.keys import FP16_HOOK_ARGS, unknown_keys_message
 from .._args.spec import is_positive_int
 from ._codebase import CODEBASES, FP16_RULES, Fp16Rule
+from ._deepspeed_keys import BLOCK_KEYS, is_deepspeed_block, read_block
 
 __all__ = ['MISSING', 'LegacyKeys']
 
@@ -46,6 +47,8 @@ class LegacyKeys:
     drop: set[str]
     codebase: Optional[str]
     test_fp16: bool
+    #: Where the ``fp16`` key's loss scale was read: ``'fp16'`` for DeepSpeed's block.
+    fp16_where: str = 'fp16.loss_scale'
 
     def problem(self, text: str) -> None:
         self.problems.append(text)
@@ -84,22 +87,38 @@ class LegacyKeys:
             )
             return False, MISSING
         rule = self._fp16_rule()
-        unknown = [k for k in fp16 if k != 'loss_scale']
+        block = is_deepspeed_block(fp16)  # DeepSpeed's fp16 block: enabled, hysteresis, ...
+        known = ('loss_scale',) + (BLOCK_KEYS if block else ())
+        unknown = [k for k in fp16 if k not in known]
         misspelt = [k for k in unknown if k not in FP16_HOOK_ARGS]
         if misspelt:
             refused = ('; Fp16OptimizerHook(**fp16), as this codebase builds it, refuses it '
                        'too' if rule is None or rule.train_text.endswith('**fp16)') else '')
             self.problem(
-                unknown_keys_message('fp16', misspelt, FP16_HOOK_ARGS)
+                unknown_keys_message('fp16', misspelt, FP16_HOOK_ARGS + known[1:])
                 + f'{refused}: it was dropped with the fp16 key; fix it in the 0.x config and '
                 'migrate again'
             )
         hook_args = sorted(k for k in unknown if k in FP16_HOOK_ARGS)
         if hook_args:
+            read = "loss_scale and DeepSpeed's block keys are" if block else 'loss_scale is'
             self.problem(
-                f'fp16: {", ".join(hook_args)} not understood (only loss_scale is); dropped '
-                'with the fp16 key; set them on optim_wrapper by hand'
+                f'fp16: {", ".join(hook_args)} not understood (only {read}); dropped with the '
+                'fp16 key; set them on optim_wrapper by hand'
             )
+        scale = fp16.get('loss_scale', MISSING)
+        if block:
+            said = self.notes if rule is None or rule.train else []  # else not read at all
+            enabled, scale, self.fp16_where = read_block(fp16, self.problems, said)
+            if not enabled:
+                self.test_fp16 = False
+                if rule is None or rule.train:  # else _fp16_not_read says it
+                    self.notes.append(
+                        "fp16: enabled=False (DeepSpeed's switch) turns mixed precision off: "
+                        'training stays float32 (OptimWrapper, unless optimizer_config names '
+                        'an fp16 hook) and val_cfg/test_cfg get no fp16; the fp16 key was '
+                        'dropped; see docs/migration/convert-config.md#deepspeed')
+                return False, MISSING
         if rule is None:  # said, not a problem: most codebases read fp16 this way
             self.test_fp16 = True
             self.notes.append(
@@ -109,9 +128,9 @@ class LegacyKeys:
                 "optimizer_config type='Fp16OptimizerHook'), mmedit and mmgen ignore it "
                 f'altogether: pass --codebase ({", ".join(CODEBASES)}); {_RULES}'
             )
-            return True, fp16.get('loss_scale', MISSING)
+            return True, scale
         self.test_fp16 = rule.test
-        return rule.train, fp16.get('loss_scale', MISSING)
+        return rule.train, scale
 
     def _fp16_not_read(self, amp: bool) -> None:
         """Say that the codebase's training ignored ``fp16`` (what the result does instead)."""

@@ -5,6 +5,8 @@ mmcv spells a scale as a number, ``'dynamic'`` or a ``LossScaler`` dict (``mode`
 ``'dynamic'`` or a dict of ``torch.amp.GradScaler`` arguments. Where the two read a value
 differently (``'dynamic'``: mmcv's LossScaler starts at 2**32 and grows every 1000 steps,
 GradScaler at 2**16 every 2000), a note says so and ``faithful`` writes mmcv's numbers.
+The loss-scale policy's keys (``hysteresis``, ``min_scale``, ...) pass through, checked;
+DeepSpeed's names become them (:mod:`._deepspeed_keys`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from .._args.spec import (
     parse_loss_scale,
     positive_finite,
 )
+from ._deepspeed_keys import POLICY_ARGS, deepspeed_defaults, policy_args, rename_deepspeed
 
 __all__ = ['FAITHFUL_DYNAMIC', 'convert_loss_scale']
 
@@ -59,11 +62,13 @@ def _dynamic(where: str, notes: Optional[list[str]], faithful: bool) -> Any:
 
 
 def convert_loss_scale(value: Any, where: str, problems: list[str],
-                       notes: Optional[list[str]] = None, faithful: bool = False) -> Any:
+                       notes: Optional[list[str]] = None, faithful: bool = False,
+                       deepspeed: bool = False) -> Any:
     """The 1.x value of a 0.x ``loss_scale``; what is unsafe is kept and told in ``problems``.
 
     A value whose meaning changes is told in ``notes``; with ``faithful`` it is written
-    with mmcv's meaning instead.
+    with mmcv's meaning instead (DeepSpeed's, for a dict in DeepSpeed's names, or any
+    dict when ``deepspeed``: one read from DeepSpeed's ``fp16`` block).
     """
     expected = "expected a positive number (static scale), 'dynamic', or a dict of scaler arguments"
     if isinstance(value, str):
@@ -84,6 +89,8 @@ def convert_loss_scale(value: Any, where: str, problems: list[str],
 
     problems_before = len(problems)
     args = dict(value)
+    named, kept = rename_deepspeed(args, where, problems)
+    deepspeed = deepspeed or named
     mode = args.pop('mode', 'dynamic')
     if mode == 'static':
         ignored = sorted(k for k in args if k != 'init_scale')
@@ -110,6 +117,7 @@ def convert_loss_scale(value: Any, where: str, problems: list[str],
         )
         return dict(value)
 
+    policy = policy_args(args, where, problems)
     out: dict[str, Any] = {}
     for key, val in args.items():
         if key == 'scale_factor':
@@ -140,20 +148,24 @@ def convert_loss_scale(value: Any, where: str, problems: list[str],
             out[key] = whole if key == 'growth_interval' and (whole := as_whole(val)) else val
         else:
             problems.append(
-                f'{where}.{key}: not an argument of mmcv LossScaler or torch GradScaler; '
-                'kept as is, remove or rename it'
+                f'{where}.{key}: not an argument of mmcv LossScaler, torch GradScaler or the '
+                f'loss-scale policy ({", ".join(POLICY_ARGS)}); kept as is, remove or rename it'
             )
             out[key] = val
     if len(problems) == problems_before:  # what the wrappers would say when built, said here
         try:
-            parse_loss_scale(out, where)
+            parse_loss_scale({**out, **policy}, where)  # the policy checked with the scale
         except ValueError as err:
             problems.append(f'{err} Kept as is, fix it'.rstrip('.'))
         else:
-            if any(k in value for k in ('mode', 'scale_factor', 'scale_window')):
+            if deepspeed:
+                deepspeed_defaults(out, policy, where, notes, faithful)
+            elif any(k in value for k in ('mode', 'scale_factor', 'scale_window')):
                 _mmcv_defaults(args, out, where, notes, faithful)  # a LossScaler dict
-    # Keep the documented order: init_scale, growth_factor, backoff_factor, ...
-    order = list(GRAD_SCALER_ARGS)
+    out.update(policy)
+    out.update(kept)
+    # Keep the documented order: init_scale, growth_factor, backoff_factor, ..., the policy.
+    order = list(GRAD_SCALER_ARGS) + list(POLICY_ARGS)
     return {k: out[k] for k in sorted(out, key=lambda k: order.index(k) if k in order else 99)}
 
 

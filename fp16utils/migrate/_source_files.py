@@ -189,3 +189,15 @@ TOO_DEEP = 'cannot parse the file: its expressions nest too deeply for the Pytho
 def unreadable(message: str, line: int = 1) -> Unreadable:
     """An ``unreadable`` reason: the file (or folder) was skipped and must be looked at."""
     return Unreadable(line, 1, message, 'check it by hand: it was skipped', 'unreadable')
+
+
+def dotted_name(node: ast.AST) -> Optional[str]:
+    """``'a.b.c'`` for a Name/Attribute chain, else None."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+        return '.'.join(reversed(parts))
+    return None

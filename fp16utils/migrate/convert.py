@@ -136,7 +136,9 @@ def migrate_config(cfg: Mapping[str, Any], *, plugin: bool = False,
             ``None``: told from ``path`` and the config itself.
         path: where the config file is, to tell its codebase.
         faithful: write values with mmcv's meaning where MMEngine's reading differs
-            (``'dynamic'`` as mmcv's scaler numbers), instead of upstream's form.
+            (``'dynamic'`` as mmcv's scaler numbers), instead of upstream's form; and
+            DeepSpeed's defaults (``growth_interval=1000``, ``hysteresis=2``) for the
+            keys a DeepSpeed loss scale leaves out.
 
     Returns:
         A :class:`MigrationReport`.

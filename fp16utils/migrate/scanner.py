@@ -19,6 +19,7 @@ from ._source_files import (
     Source,
     Unreadable,
     alias_text,
+    dotted_name,
     is_fp16_module,
     is_mm_module,
     iter_python_files,
@@ -26,6 +27,7 @@ from ._source_files import (
     os_reason,
     unreadable,
 )
+from .half_kernels import report_half_kernels
 
 __all__ = ['Finding', 'scan']
 
@@ -41,9 +43,9 @@ class Finding:
         path: the file, as reached from the scanned path.
         line: 1-based line number.
         col: 1-based column (in characters).
-        kind: ``import``, ``module-import``, ``star-import``, ``attribute-use``,
-            ``decorator``, ``bare-decorator``, ``forward-decorator``, ``fp16-enabled``,
-            ``config-fp16``, ``config-optimizer-hook``, ``config-runner-scaler``, or
+        kind: ``import``, ``module-import``, ``star-import``, ``attribute-use``, ``decorator``,
+            ``bare-decorator``, ``forward-decorator``, ``fp16-enabled``, ``config-fp16``,
+            ``config-optimizer-hook``, ``config-runner-scaler``, ``half-kernel``, or
             ``syntax-error``/``unreadable`` for a file or folder that was not scanned.
         message: what was found.
         suggestion: the 1.x step to take.
@@ -65,18 +67,6 @@ class Finding:
 
     def __str__(self) -> str:
         return f'{self.path}:{self.line}:{self.col}: [{self.kind}] {self.message}'
-
-
-def _dotted(node: ast.AST) -> Optional[str]:
-    """'a.b.c' for a Name/Attribute chain, else None."""
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        parts.append(node.id)
-        return '.'.join(reversed(parts))
-    return None
 
 
 def _call_name(node: ast.AST) -> Optional[str]:
@@ -255,7 +245,7 @@ class _Scanner:
             what = {ast.Store: 'sets', ast.Del: 'deletes'}.get(type(node.ctx), 'reads')
             self.add(node, 'fp16-enabled', f'{what} fp16_enabled', self._FLAG_HINT)
         elif node.attr in FP16_NAMES and id(node) not in self.skip:
-            base = _dotted(node.value)
+            base = dotted_name(node.value)
             if base and (base.split('.')[0] in MM_PACKAGES or base in self.module_aliases):
                 self.add(
                     node,
@@ -348,11 +338,11 @@ class _Scanner:
 def scan(path: str | os.PathLike[str]) -> list[Finding]:
     """Find every 0.x fp16 usage in a Python file or under a folder.
 
-    Reported: imports of the 0.x fp16 names from any mm* package, and of its
-    ``fp16_utils`` modules; ``@auto_fp16``/``@force_fp32``; ``fp16_enabled``; the config
-    keys ``fp16``, ``optimizer_config`` with an fp16 hook, ``runner.fp16_loss_scaler``.
-    A file or folder that was not read gives one ``syntax-error`` or ``unreadable``
-    finding, so an empty result means everything was read and is clean.
+    Reported: imports of the 0.x fp16 names from any mm* package, and of its ``fp16_utils``
+    modules; ``@auto_fp16``/``@force_fp32``; ``fp16_enabled``; the config keys ``fp16``,
+    ``optimizer_config`` with an fp16 hook, ``runner.fp16_loss_scaler``; uses of mmcv ops
+    lacking half kernels. A file or folder that was not read gives one ``syntax-error`` or
+    ``unreadable`` finding, so an empty result means everything was read and is clean.
 
     Args:
         path: a .py file or a folder (hidden folders, ``__pycache__`` and virtual
@@ -387,6 +377,7 @@ def scan(path: str | os.PathLike[str]) -> list[Finding]:
         try:
             scanner.visit(tree)
             scanner.config_assignments(tree)
+            report_half_kernels(tree, scanner.add)
         except RecursionError:
             findings.append(_finding(file, unreadable(TOO_DEEP)))
             continue

@@ -214,7 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "the config's path and contents)")
     migrate.add_argument('--faithful', action='store_true',
                          help="write values with mmcv's meaning where MMEngine reads the "
-                         "same value otherwise ('dynamic' loss scale as mmcv's numbers)")
+                         "same value otherwise ('dynamic' loss scale as mmcv's numbers), "
+                         "and DeepSpeed's defaults for the fp16 keys a DeepSpeed loss "
+                         "scale leaves out")
     migrate.add_argument('--strict', action='store_true',
                          help='fail (exit 1) when something cannot be converted safely')
     migrate.set_defaults(func=cmd_migrate)

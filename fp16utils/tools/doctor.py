@@ -231,6 +231,17 @@ def _size(cfg: Any, codebase: str) -> Tuple[int, int, str]:
                            f'padded to a multiple of {divisor}')
 
 
+def _box_masks(boxes: Any, height: int, width: int) -> Any:
+    """mmdet's ``BitmapMasks``, each filling its box (the instance masks of a batch)."""
+    import numpy as np
+    from mmdet.core import BitmapMasks
+
+    masks = np.zeros((len(boxes), height, width), dtype=np.uint8)
+    for mask, (x1, y1, x2, y2) in zip(masks, boxes.round().long().tolist()):
+        mask[y1:y2, x1:x2] = 1
+    return BitmapMasks(masks, height, width)
+
+
 def _synthetic_batch(cfg: Any, codebase: str, shape: Optional[Tuple[int, ...]]
                      ) -> Tuple[Any, Dict[str, Any], str]:
     """A random training batch: images, their metas and random ground truth."""
@@ -264,6 +275,9 @@ def _synthetic_batch(cfg: Any, codebase: str, shape: Optional[Tuple[int, ...]]
             labels.append(torch.randint(0, classes, (3,), generator=gen))
         kwargs = dict(img_metas=metas, return_loss=True, gt_bboxes=boxes, gt_labels=labels)
         truth = f'3 random gt_bboxes per image over {classes} classes'
+        if _find(cfg.model, 'mask_head') is not None:  # Mask R-CNN and the like
+            kwargs['gt_masks'] = [_box_masks(b, height, width) for b in boxes]
+            truth += ', gt_masks filling them'
     source = (f'{count} random images {channels}x{height}x{width} from {where}; {truth}; the '
               "model's default initialisation (no checkpoint), train mode")
     return img, kwargs, source

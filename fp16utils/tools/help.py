@@ -105,8 +105,10 @@ HELP = {
         summary='find 0.x fp16 usages in a codebase',
         description=(
             'List every 0.x fp16 usage under PATH: imports of the fp16 names from mmcv, '
-            'mmdet and the like, @auto_fp16/@force_fp32, fp16_enabled, and fp16 config '
-            'keys, each with a line of advice. Files are parsed, never imported or run. '
+            'mmdet and the like, @auto_fp16/@force_fp32, fp16_enabled, fp16 config '
+            'keys, and calls into mmcv ops whose kernels lack float16 or bfloat16 '
+            '(half-kernel, with the evidence from mmcv\'s own sources), each with a line '
+            'of advice. Files are parsed, never imported or run. '
             '--fix rewrites those imports to fp16utils (atomically, file by file) and '
             'leaves everything else in the files as it was; --dry-run prints the diff.'),
         epilog='examples:\n'

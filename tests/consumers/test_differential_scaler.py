@@ -392,3 +392,24 @@ def test_mmcvs_hook_on_a_cpu_only_torch_writes_an_empty_state_that_loads():
     hook = ours('native', dict(init_scale=2.0**10))
     train(hook, 0, meta=written, start=2)
     assert hook.loss_scale == 2.0**10 and hook.skipped_steps == 0
+
+
+def test_a_state_written_with_a_scale_policy_loads_in_mmcv():
+    """mmcv's LossScaler reads its six keys from a state that also carries policy keys,
+    and goes on as ours does while the policy is not in play (no overflow)."""
+    ours = fp16utils.LossScaler(init_scale=64., scale_window=2, hysteresis=2, min_scale=4.)
+    for overflow in (True, False, False, True):
+        ours.update_scale(overflow)
+    state = ours.state_dict()
+    assert 'cur_hysteresis' in state
+    theirs = fp16_utils().LossScaler()
+    theirs.load_state_dict(dict(state))
+    assert (theirs.cur_scale, theirs.cur_iter, theirs.last_overflow_iter) == (
+        ours.cur_scale, ours.cur_iter, ours.last_overflow_iter)
+    for _ in range(5):
+        theirs.update_scale(False)
+        ours.update_scale(False)
+        assert theirs.cur_scale == ours.cur_scale
+    # mmcv's own state loads in ours: the policy configured here stays
+    ours.load_state_dict(theirs.state_dict())
+    assert ours.policy.hysteresis == 2 and ours.cur_hysteresis == 2

@@ -262,6 +262,24 @@ def test_skip_and_scale_match_mmengines(cpu_mmengine_amp, loss_scale):
     assert other.loss_scaler.get_scale() == ours.loss_scale
 
 
+
+def test_a_state_with_a_scale_policy_loads_in_mmengines_wrapper(cpu_mmengine_amp):
+    """MMEngine's AmpOptimWrapper (its GradScaler) loads a state written with hysteresis
+    and a floor: it reads its own keys, and its scale is ours."""
+    model = mlp()
+    ours = fp16utils.AmpOptimWrapper(
+        dict(init_scale=1024.0, growth_interval=2, hysteresis=2, min_scale=8.0),
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    for i in range(4):
+        loss = loss_fn(model, i)
+        ours.update_params(loss * float('inf') if i in (1, 2) else loss)
+    assert ours.loss_scale == 512.0  # the first overflow was tolerated
+    state = copy.deepcopy(ours.state_dict())
+    assert state['loss_scaler']['cur_hysteresis'] == 1
+    theirs = mo.AmpOptimWrapper(optimizer=torch.optim.SGD(mlp().parameters(), lr=0.1))
+    theirs.load_state_dict(state)
+    assert theirs.loss_scaler.get_scale() == 512.0
+
 def test_optim_wrapper_dicts_agree():
     gens = [mlp(), mlp()]
     discs = [nn.Linear(2, 1), nn.Linear(2, 1)]
