@@ -274,6 +274,18 @@ def unchecked_loop(model_cls: type, device: str, dtype: torch.dtype) -> Step:
 VARIANTS["AmpOptimWrapper, nonfinite='ignore'"] = unchecked_loop
 
 
+def policy_loop(model_cls: type, device: str, dtype: torch.dtype) -> Step:
+    """``AmpOptimWrapper`` with a scale policy: hysteresis, a floor and a ceiling, a warning
+    at the floor (host-side arithmetic after the one sync the step makes anyway)."""
+    model = fresh(model_cls, device)
+    policy = dict(hysteresis=2, min_scale=1.0, max_scale=2.0**24, at_min_scale='warn')
+    return wrapper_step(AmpOptimWrapper(sgd(model), dtype=dtype, model=model,
+                                        loss_scale=policy), model)
+
+
+VARIANTS['AmpOptimWrapper + scale policy (hysteresis, floor, ceiling)'] = policy_loop
+
+
 # ------------------------------------------------------------------------ timing
 
 

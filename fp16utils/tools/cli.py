@@ -243,7 +243,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_doctor_arguments(command('doctor'))
 
     bench = command('bench')
-    bench.add_argument('name', metavar='NAME', help='the benchmark: decorators or train_step')
+    bench.add_argument('name', metavar='NAME',
+                       help='the benchmark: decorators, train_step or evaluation')
     bench.add_argument('rest', metavar='ARGS', nargs=argparse.REMAINDER,
                        help="the benchmark's own arguments, optional (see: fp16utils bench "
                             'NAME --help)')
