@@ -147,6 +147,14 @@ def test_bad_policies_are_refused_by_name(loss_scale, match):
         Fp16OptimizerHook(loss_scale=loss_scale)
 
 
+def test_a_static_scale_takes_policy_keys_that_change_nothing():
+    for keys in (dict(raise_error_at_min_scale=False), dict(hysteresis=1),
+                 dict(at_min_scale='continue', consecutive_hysteresis=False)):
+        spec = parse_loss_scale(dict(mode='static', init_scale=8., **keys), 'T')
+        assert spec.static and spec.policy.is_default
+    assert LossScaler(init_scale=8., mode='static', hysteresis=1).policy.is_default
+
+
 def test_loss_scaler_arguments():
     scaler = LossScaler(init_scale=16., min_scale=2., max_scale=64., hysteresis=2,
                         consecutive_hysteresis=True, at_min_scale='warn')

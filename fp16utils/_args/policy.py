@@ -120,11 +120,13 @@ def make_policy(given: Mapping[str, Any], usage: str, *, static: bool,
     """A ScalePolicy from policy keys (our names) that were given, checked against the scale."""
     if not given:
         return DEFAULT_POLICY
+    policy = _policy(given, usage)
+    if static and policy.is_default:  # e.g. DeepSpeed's raise_error_at_min_scale=False
+        return DEFAULT_POLICY
     if static:
         raise ValueError(f'{usage}; {sorted(given)} only apply to a dynamic scale (a static '
                          'scale never backs off or grows): drop them, or make the scale '
                          'dynamic.')
-    policy = _policy(given, usage)
     low = floor_of(policy) if policy.min_scale is not None else None
     if low is not None and init_scale < low:
         raise ValueError(f'{usage}; init_scale={init_scale!r} is below min_scale={low!r}: '
