@@ -404,7 +404,33 @@ def run_sharded_overflow(use_fsdp: bool, rank: int) -> Dict[str, Any]:
     return {'skipped': wrapper.skipped_steps}
 
 
+def run_floor_raise(rank: int) -> Dict[str, Any]:
+    """No DDP; rank 1 overflows at iterations 1 and 2 (the second with the scale at its
+    floor, ``at_min_scale='raise'``): every rank raises at the same iteration."""
+    from fp16utils import AmpOptimWrapper
+    model = R.Net(seed=0)
+    wrapper = AmpOptimWrapper(dict(init_scale=4.0, min_scale=2.0, at_min_scale='raise'),
+                              optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    raised, unchanged = None, False
+    for i, (x, y) in enumerate(overflow_data(rank)):
+        with wrapper.optim_context(model):
+            loss = R.mse(model, (x, y))
+        if rank == 1 and i in (1, 2):
+            loss = loss * INF
+        before = [p.detach().clone() for p in model.parameters()]
+        try:
+            wrapper.update_params(loss)
+        except FloatingPointError as err:
+            raised = (i, str(err).split(':')[0])
+            unchanged = all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+            break
+    return {'raised': raised, 'unchanged': unchanged, 'scale': wrapper.loss_scale,
+            'skipped': wrapper.skipped_steps}
+
+
 DIST_SCENARIOS: Dict[str, Callable[[int], Dict[str, Any]]] = {}
+DIST_SCENARIOS['floor-raise'] = lambda rank: float16_or_skip(
+    'native', lambda: run_floor_raise(rank))
 for _fsdp in (True, False):
     DIST_SCENARIOS[f'sharded-{_fsdp}'] = lambda rank, f=_fsdp: float16_or_skip(
         'native', lambda: run_sharded_overflow(f, rank))

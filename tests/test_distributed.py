@@ -284,3 +284,14 @@ def test_use_fsdp_makes_the_ranks_agree_on_a_skip(ranks):
         pytest.skip(ranks[0]['sharded-True']['skip'])
     assert [r['sharded-True']['skipped'] for r in ranks] == [1, 1]
     assert [r['sharded-False']['skipped'] for r in ranks] == [0, 1]
+
+
+def test_at_min_scale_raise_is_agreed_across_ranks(ranks):
+    """An overflow on rank 1 only, with the scale at its floor: every rank raises at the
+    same step, with the same scale and skipped steps, and neither applied that step."""
+    if 'skip' in ranks[0]['floor-raise']:
+        pytest.skip(ranks[0]['floor-raise']['skip'])
+    r0, r1 = (r['floor-raise'] for r in ranks)
+    assert r0['raised'] == r1['raised'] == (2, 'step 3')
+    assert r0['scale'] == r1['scale'] == 2.0 and r0['skipped'] == r1['skipped'] == 1
+    assert r0['unchanged'] and r1['unchanged']
