@@ -643,3 +643,24 @@ def test_config_with_evaluation_and_nothing_to_train_gets_a_test_loop_only() -> 
     child = migrate_config({**cfg, '_base_': ['./base.py']}, codebase='mmedit')
     assert child.config['train_cfg'] == {'val_interval': 5000}
     assert 'test_cfg' not in child.config or child.config['test_cfg'] != {'type': 'MultiTestLoop'}
+
+
+@pytest.mark.parametrize('codebase', ['mmdet', 'mmcls'])  # mmcls: mmpretrain's untyped loops
+def test_plugin_half_precision_loops_are_the_plugins(codebase):
+    cfg = dict(optimizer=dict(type='SGD', lr=0.01), fp16=dict(loss_scale=512.),
+               runner=dict(type='EpochBasedRunner', max_epochs=2), evaluation=dict(interval=1))
+    plain = migrate_config(cfg, codebase=codebase).config
+    assert plain['val_cfg'].get('type', 'ValLoop') == 'ValLoop' and plain['val_cfg']['fp16']
+    report = migrate_config(cfg, codebase=codebase, plugin=True)
+    assert report.config['val_cfg'] == dict(type='Fp16utilsValLoop', fp16=True)
+    assert report.config['test_cfg'] == dict(type='Fp16utilsTestLoop', fp16=True)
+
+
+def test_plugin_keeps_other_loops_and_float32_loops():
+    from fp16utils.migrate.convert import _use_plugin
+
+    cfg = dict(optim_wrapper=dict(type='AmpOptimWrapper', optimizer=dict(type='SGD')),
+               val_cfg=dict(type='MultiValLoop', fp16=True), test_cfg=dict(type='TestLoop'))
+    _use_plugin(cfg)
+    assert cfg['val_cfg'] == dict(type='MultiValLoop', fp16=True)  # mmagic's own stays
+    assert cfg['test_cfg'] == dict(type='TestLoop')  # float32 evaluation: MMEngine's

@@ -202,7 +202,9 @@ def _use_plugin(cfg: dict[str, Any], notes: Optional[list[str]] = None) -> None:
 
     The wrapper types become the plug-in's; the constructor too, unless a named one
     (layer-wise decay, ...) is in force: that one is kept, and builds the plug-in's
-    wrapper from MMEngine's ``OPTIM_WRAPPERS`` registry by its ``type``.
+    wrapper from MMEngine's ``OPTIM_WRAPPERS`` registry by its ``type``. Half-precision
+    evaluation loops (``ValLoop``/``TestLoop`` with ``fp16=True``) become the plug-in's,
+    which run the configured dtype on any device.
     """
     wrapper = cfg.get('optim_wrapper')
     if not isinstance(wrapper, dict):
@@ -222,6 +224,12 @@ def _use_plugin(cfg: dict[str, Any], notes: Optional[list[str]] = None) -> None:
             f'the plug-in\'s {wrapper.get("type")!r} from MMEngine\'s OPTIM_WRAPPERS registry; '
             'see docs/migration/convert-config.md#named-constructors'
         )
+    for key, standard in (('val_cfg', 'ValLoop'), ('test_cfg', 'TestLoop')):
+        loop = cfg.get(key)  # a half-precision loop follows the configured dtype with it
+        if isinstance(loop, dict) and loop.get('fp16') is True and (
+                loop.get('type', standard) == standard):
+            cfg[key] = {'type': f'Fp16utils{standard}', **{
+                k: v for k, v in loop.items() if k != 'type'}}
     imports = cfg.setdefault('custom_imports', {})
     names = imports.setdefault('imports', [])
     if isinstance(names, str):
