@@ -18,7 +18,7 @@ from .numbers import as_whole
 __all__ = ['AT_MIN_SCALE', 'DEEPSPEED_NAMES', 'DEFAULT_POLICY', 'POLICY_KEYS',
            'POLICY_STATE_KEYS', 'ScalePolicy', 'at_floor', 'bounded_growth',
            'check_policy_state', 'floor_of', 'make_policy', 'on_clean', 'on_overflow',
-           'policy_state', 'pop_policy', 'read_deepspeed_names']
+           'policy_state', 'policy_value', 'pop_policy', 'read_deepspeed_names']
 
 logger = logging.getLogger('fp16utils')
 
@@ -82,6 +82,53 @@ def floor_of(policy: ScalePolicy) -> float:
     return MIN_LOSS_SCALE if policy.min_scale is None else policy.min_scale
 
 
+#: What a policy key (ours or DeepSpeed's) is, said before "must be" in an error.
+_WHAT = {'hysteresis': ' (overflows tolerated before the scale backs off)',
+         'initial_scale_power': ' (init_scale = 2**power)'}
+
+
+def policy_value(key: str, value: Any) -> Tuple[Any, str]:
+    """``(value in our terms, '')`` for a policy key (ours, or DeepSpeed's name), or
+    ``(None, what was expected)``: the one reading of these values, which the wrappers
+    raise on and the config migration reports.
+
+    ``initial_scale_power`` gives the scale ``2.0**power``, ``raise_error_at_min_scale``
+    the ``at_min_scale`` action; ``loss_scale_window`` a whole number.
+
+    Example:
+        >>> policy_value('initial_scale_power', 16), policy_value('hysteresis', 0)[1]
+        ((65536.0, ''), 'a whole number >= 1')
+    """
+    if key in ('min_scale', 'max_scale', 'min_loss_scale'):
+        return (float(real_number(value)), '') if usable_scale(value) else (None, SCALE_RANGE)
+    if key in ('hysteresis', 'loss_scale_window'):
+        whole = as_whole(value)
+        return (whole, '') if whole is not None and whole >= 1 else (
+            None, 'a whole number >= 1')
+    if key == 'initial_scale_power':
+        whole = as_whole(value)
+        return (2.0 ** whole, '') if whole is not None and -127 <= whole <= 127 else (
+            None, 'a whole number in [-127, 127]')
+    if key == 'at_min_scale':
+        return (value, '') if isinstance(value, str) and value in AT_MIN_SCALE else (
+            None, f'one of {list(AT_MIN_SCALE)} (what an overflow does with the scale at '
+                  'min_scale)')
+    if not isinstance(value, bool):  # consecutive_hysteresis, raise_error_at_min_scale
+        return None, 'True or False'
+    if key == 'raise_error_at_min_scale':
+        return ('raise' if value else 'continue'), ''
+    return value, ''
+
+
+def _checked(key: str, value: Any, usage: str) -> Any:
+    """:func:`policy_value`, or a ValueError naming ``key`` and what it must be."""
+    new, expected = policy_value(key, value)
+    if expected:
+        raise ValueError(f'{usage}; {key}{_WHAT.get(key, "")} must be {expected}, got '
+                         f'{value!r}.')
+    return new
+
+
 def read_deepspeed_names(args: MutableMapping[str, Any], usage: str) -> None:
     """Refuse two names for one setting; rewrite DeepSpeed's names as ours, in place."""
     for group in _SAME_SETTING:
@@ -89,23 +136,12 @@ def read_deepspeed_names(args: MutableMapping[str, Any], usage: str) -> None:
         if len(given) > 1:
             raise ValueError(f'{usage}; {given[0]!r} and {given[1]!r} are the same setting '
                              'under two names: give only one of them.')
-    if 'initial_scale_power' in args:
-        power = args.pop('initial_scale_power')
-        whole = as_whole(power)
-        if whole is None or not -127 <= whole <= 127:
-            raise ValueError(f'{usage}; initial_scale_power (init_scale = 2**power) must be a '
-                             f'whole number in [-127, 127], got {power!r}.')
-        args['init_scale'] = 2.0 ** whole
-    if 'loss_scale_window' in args:
-        args['growth_interval'] = args.pop('loss_scale_window')
-    if 'min_loss_scale' in args:
-        args['min_scale'] = args.pop('min_loss_scale')
-    if 'raise_error_at_min_scale' in args:
-        value = args.pop('raise_error_at_min_scale')
-        if not isinstance(value, bool):
-            raise ValueError(f'{usage}; raise_error_at_min_scale must be True or False, got '
-                             f'{value!r}.')
-        args['at_min_scale'] = 'raise' if value else 'continue'
+    for theirs in ('initial_scale_power', 'raise_error_at_min_scale'):
+        if theirs in args:
+            args[DEEPSPEED_NAMES[theirs]] = _checked(theirs, args.pop(theirs), usage)
+    for theirs in ('loss_scale_window', 'min_loss_scale'):  # checked under our names
+        if theirs in args:
+            args[DEEPSPEED_NAMES[theirs]] = args.pop(theirs)
 
 
 def pop_policy(args: MutableMapping[str, Any], usage: str, *, static: bool,
@@ -139,30 +175,8 @@ def make_policy(given: Mapping[str, Any], usage: str, *, static: bool,
 
 def _policy(given: Mapping[str, Any], usage: str) -> ScalePolicy:
     """A ScalePolicy from policy keys (our names), each checked; ValueError naming a bad one."""
-    values: Dict[str, Any] = {}
-    for key in ('min_scale', 'max_scale'):
-        if key in given:
-            value = given[key]
-            if not usable_scale(value):
-                raise ValueError(f'{usage}; {key} must be {SCALE_RANGE}, got {value!r}.')
-            values[key] = float(real_number(value))
-    if 'hysteresis' in given:
-        whole = as_whole(given['hysteresis'])
-        if whole is None or whole < 1:
-            raise ValueError(f'{usage}; hysteresis (overflows tolerated before the scale backs '
-                             f"off) must be a whole number >= 1, got {given['hysteresis']!r}.")
-        values['hysteresis'] = whole
-    if 'consecutive_hysteresis' in given:
-        if not isinstance(given['consecutive_hysteresis'], bool):
-            raise ValueError(f'{usage}; consecutive_hysteresis must be True or False, got '
-                             f"{given['consecutive_hysteresis']!r}.")
-        values['consecutive_hysteresis'] = given['consecutive_hysteresis']
-    if 'at_min_scale' in given and given['at_min_scale'] not in AT_MIN_SCALE:
-        raise ValueError(f'{usage}; at_min_scale must be one of {list(AT_MIN_SCALE)} (what an '
-                         'overflow does with the scale at min_scale), got '
-                         f"{given['at_min_scale']!r}.")
-    values.update({k: given[k] for k in ('at_min_scale',) if k in given})
-    policy = ScalePolicy(**values)
+    policy = ScalePolicy(**{key: _checked(key, given[key], usage)
+                            for key in POLICY_KEYS if key in given})
     if policy.min_scale is not None and policy.min_scale > policy.max_scale:
         raise ValueError(f'{usage}; min_scale={policy.min_scale!r} is above '
                          f'max_scale={policy.max_scale!r}.')

@@ -15,9 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Optional
 
-from .._args.limits import usable_scale
-from .._args.numbers import as_whole
-from .._args.policy import AT_MIN_SCALE, DEEPSPEED_NAMES, DEFAULT_POLICY
+from .._args.policy import DEEPSPEED_NAMES, DEFAULT_POLICY, policy_value
 from .._args.spec import TORCH_DYNAMIC, is_number, positive_finite
 
 __all__ = ['BLOCK_KEYS', 'POLICY_ARGS', 'deepspeed_defaults', 'is_deepspeed_block',
@@ -45,15 +43,7 @@ _DIFFERENT_DEFAULTS = {
     'growth_interval': (1000, TORCH_DYNAMIC.growth_interval, 'loss_scale_window'),
     'hysteresis': (2, DEFAULT_POLICY.hysteresis, 'hysteresis'),
 }
-#: The powers that make a usable scale (2**-127 .. 2**127), as the wrappers take them.
-_POWERS = range(-127, 128)
 _SEE = 'see docs/migration/convert-config.md#deepspeed'
-
-
-def _whole(value: Any, low: int) -> Optional[int]:
-    """``value`` as an int >= ``low`` (an int, or a float such as 2.0; not a bool), else None."""
-    whole = as_whole(value)
-    return whole if whole is not None and whole >= low else None
 
 
 def rename_deepspeed(args: dict[str, Any], where: str,
@@ -80,7 +70,7 @@ def rename_deepspeed(args: dict[str, Any], where: str,
                 'only one of them'
             )
             continue
-        new, expected = _deepspeed_value(theirs, value)
+        new, expected = policy_value(theirs, value)
         if expected:
             problems.append(f'{where}.{theirs}: expected {expected}, got {value!r}; kept as '
                             'is, fix it')
@@ -90,26 +80,6 @@ def rename_deepspeed(args: dict[str, Any], where: str,
     return found, kept
 
 
-def _deepspeed_value(name: str, value: Any) -> tuple[Any, str]:
-    """DeepSpeed's ``value`` of ``name`` in our terms, or what was expected instead."""
-    if name == 'initial_scale_power':
-        power = _whole(value, _POWERS.start)
-        if power is None or power not in _POWERS:
-            return None, (f'a whole number from {_POWERS.start} to {_POWERS.stop - 1} '
-                          '(the scale is 2**initial_scale_power)')
-        return 2.0**power, ''
-    if name == 'loss_scale_window':
-        window = _whole(value, 1)
-        return (window, '') if window is not None else (None, 'a whole number >= 1')
-    if name == 'min_loss_scale':
-        if not usable_scale(value):
-            return None, 'a number > 0 and <= 2**127 (a usable loss scale)'
-        return float(value), ''
-    if not isinstance(value, bool):  # raise_error_at_min_scale
-        return None, 'True or False'
-    return ('raise' if value else 'continue'), ''
-
-
 def policy_args(args: dict[str, Any], where: str, problems: list[str]) -> dict[str, Any]:
     """Take the policy's keys out of ``args``; an unusable value is told and kept as it is."""
     out: dict[str, Any] = {}
@@ -117,20 +87,8 @@ def policy_args(args: dict[str, Any], where: str, problems: list[str]) -> dict[s
         if key not in args:
             continue
         value = args.pop(key)
-        new: Any = None
-        if key == 'hysteresis':
-            new = _whole(value, 1)
-            expected = 'a whole number >= 1 (1: back off at every overflow)'
-        elif key == 'consecutive_hysteresis':
-            new = value if isinstance(value, bool) else None
-            expected = 'True or False'
-        elif key == 'at_min_scale':
-            new = value if isinstance(value, str) and value in AT_MIN_SCALE else None
-            expected = ' or '.join(repr(a) for a in AT_MIN_SCALE)
-        else:  # min_scale, max_scale
-            new = float(value) if usable_scale(value) else None
-            expected = 'a number > 0 and <= 2**127 (a usable loss scale)'
-        if new is None:
+        new, expected = policy_value(key, value)
+        if expected:
             problems.append(f'{where}.{key}: expected {expected}, got {value!r}; kept as is, '
                             'fix it')
             new = value
