@@ -9,7 +9,16 @@ from torch import nn
 from .._args.spec import check_positive_int
 from .._torch.models import BatchNormBase as _BatchNorm
 
-__all__ = ['AccumulationWindow']
+__all__ = ['AccumulationWindow', 'window_length']
+
+
+def window_length(counts: int, max_counts: int, index: int) -> int:
+    """How many iterations the window holding iteration ``index`` (from 0) has: ``counts``,
+    or ``max_counts % counts`` for the last, shorter one (``max_counts`` <= 0: unknown)."""
+    remainder = max_counts % counts if max_counts > 0 else 0
+    if remainder and index >= max_counts - remainder:
+        return remainder
+    return counts
 
 
 class AccumulationWindow:
@@ -38,9 +47,7 @@ class AccumulationWindow:
 
     def divisor(self, index: int) -> int:
         """What iteration ``index``'s loss is divided by."""
-        if self.remainder and index >= self.max_counts - self.remainder:
-            return self.remainder
-        return self.counts
+        return window_length(self.counts, self.max_counts, index)
 
     def completes(self, index: int) -> bool:
         """Whether the optimizer steps after iteration ``index``."""

@@ -28,6 +28,7 @@ from .._args.skip_hooks import (
     follows,
     record,
 )
+from .runner_state import fp16_slot
 
 __all__ = ['META_KEY', 'STAGES', 'RunnerView', 'SkipLedger', 'connect_0x', 'read_meta',
            'write_meta']
@@ -327,11 +328,7 @@ def read_meta(runner: Any) -> Any:
 
 def write_meta(runner: Any, saved: Any) -> None:
     """Put the record in ``runner.meta['fp16']`` (saved with each checkpoint of the run)."""
-    if runner.meta is None:
-        runner.meta = {}
-    if runner.meta.get('fp16') is None:
-        runner.meta['fp16'] = {}
-    runner.meta['fp16'][META_KEY] = saved
+    fp16_slot(runner)[META_KEY] = saved
 
 
 def connect_0x(ledger: SkipLedger, runner: Any, stepper: Any) -> None:

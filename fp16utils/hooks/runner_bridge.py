@@ -17,6 +17,7 @@ import weakref
 from typing import Any, Callable, Dict, Optional, Tuple
 
 from .._args.skip_hooks import MMENGINE_FOLLOWED, OPTION
+from ..engine.window import window_length
 from .follow import SkipLedger
 
 __all__ = ['HUB_KEY', 'connected', 'install', 'uninstall']
@@ -92,10 +93,8 @@ def _counters(wrapper: Any) -> Tuple[int, int]:
 
 def _window(wrapper: Any) -> int:
     """The iterations of the accumulation window that ``wrapper``'s last step closed."""
-    counts, total = wrapper.accumulative_counts, wrapper.max_counts
-    remainder = total % counts if total > 0 else 0
-    last = remainder and wrapper.inner_count - 1 >= total - remainder
-    return remainder if last else counts
+    return window_length(wrapper.accumulative_counts, wrapper.max_counts,
+                         wrapper.inner_count - 1)
 
 
 def _start(runner: Any, run: _Run) -> None:
